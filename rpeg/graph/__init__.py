@@ -1,0 +1,16 @@
+"""The RPEG graph IR: models, jobs, stages, fields, the graph, its verifier and file formats."""
+
+from rpeg.graph.config import AlgoConfig
+from rpeg.graph.graph import DataEdge, Graph, WeightEdge
+from rpeg.graph.job import Job, LengthDistribution
+from rpeg.graph.layout import DeviceGroup, ParallelLayout
+from rpeg.graph.model import ModelSpec
+from rpeg.graph.nodes import Field, Kind, ModelRole, Stage, Stream
+from rpeg.graph.presets import get_model, model_names
+from rpeg.graph.verify import VerificationError, Violation, verify
+
+__all__ = [
+    "AlgoConfig", "DataEdge", "DeviceGroup", "Field", "Graph", "Job", "Kind", "LengthDistribution",
+    "ModelRole", "ModelSpec", "ParallelLayout", "Stage", "Stream", "VerificationError", "Violation",
+    "WeightEdge", "get_model", "model_names", "verify",
+]

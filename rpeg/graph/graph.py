@@ -1,0 +1,188 @@
+"""Graph: the whole RL pipeline of one step, plus the state (weights) that crosses steps.
+
+Data edges are derived from the fields stages read and write; weight edges from the models
+stages run and train. Nothing here mutates: passes build new graphs with `replace()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from rpeg.errors import RpegError
+from rpeg.graph.config import AlgoConfig
+from rpeg.graph.job import Job
+from rpeg.graph.layout import DeviceGroup
+from rpeg.graph.nodes import Field, Kind, ModelRole, Stage, Stream
+
+
+@dataclass(frozen=True, slots=True)
+class DataEdge:
+    src: str
+    dst: str
+    fields: tuple[str, ...]
+    bytes: float  # per step
+
+
+@dataclass(frozen=True, slots=True)
+class WeightEdge:
+    """`dst` at step t + distance reads the weights `src` produced at step t."""
+
+    src: str
+    dst: str
+    model: str
+    distance: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Graph:
+    algorithm: str
+    job: Job
+    config: AlgoConfig
+    models: tuple[ModelRole, ...]
+    fields: tuple[Field, ...]
+    stages: tuple[Stage, ...]
+    inputs: tuple[str, ...] = ("prompt_ids",)
+    outputs: tuple[str, ...] = ()
+    async_bound: int = 0
+    fusion: tuple[tuple[str, ...], ...] = ()
+    streams: tuple[Stream, ...] = ()
+    groups: tuple[DeviceGroup, ...] = ()
+    history: tuple[str, ...] = ()  # passes applied, in order
+
+    def replace(self, **changes) -> Graph:
+        return dataclasses.replace(self, **changes)
+
+    # ---- lookups -----------------------------------------------------------------------------
+    def stage(self, name: str) -> Stage:
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise RpegError(f"graph {self.algorithm!r} has no stage {name!r} (stages: {', '.join(self.stage_names)})")
+
+    def field(self, name: str) -> Field:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise RpegError(f"graph {self.algorithm!r} has no field {name!r}")
+
+    def model(self, name: str) -> ModelRole:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise RpegError(f"graph {self.algorithm!r} has no model {name!r} "
+                        f"(models: {', '.join(m.name for m in self.models)})")
+
+    def group(self, name: str) -> DeviceGroup:
+        for g in self.groups:
+            if g.name == name:
+                return g
+        raise RpegError(f"graph has no device group {name!r}")
+
+    def has_model(self, name: str) -> bool:
+        return any(m.name == name for m in self.models)
+
+    @property
+    def stage_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.stages)
+
+    def with_stages(self, stages: Iterable[Stage]) -> Graph:
+        """A copy with the given stages replacing those of the same name."""
+        new = {s.name: s for s in stages}
+        return self.replace(stages=tuple(new.get(s.name, s) for s in self.stages))
+
+    def fusion_group_of(self, stage: str) -> tuple[str, ...] | None:
+        return next((g for g in self.fusion if stage in g), None)
+
+    # ---- sizes -------------------------------------------------------------------------------
+    def dim_sizes(self) -> dict[str, float]:
+        """Sizes of the symbolic dimensions for this job (response: the mean length)."""
+        job = self.job
+        return {
+            "prompts": job.prompts,
+            "batch": job.sequences,
+            "gen_batch": job.sequences * self.config.oversample,
+            "prompt": job.prompt_len,
+            "response": job.response.mean,
+            "seq": job.mean_seq_len,
+        }
+
+    def stage_sequences(self, stage: Stage) -> float:
+        """Sequences a stage processes per step (a greedy baseline rollout: one per prompt)."""
+        return self.job.prompts if stage.greedy else self.dim_sizes()[stage.sequences]
+
+    def field_bytes(self, name: str) -> float:
+        return self.field(name).bytes(self.dim_sizes())
+
+    # ---- derived edges -----------------------------------------------------------------------
+    def producers(self) -> dict[str, str]:
+        """field -> the stage that writes it (the verifier guarantees at most one)."""
+        return {f: s.name for s in self.stages for f in s.writes}
+
+    def data_edges(self) -> list[DataEdge]:
+        prod = self.producers()
+        grouped: dict[tuple[str, str], list[str]] = {}
+        for s in self.stages:
+            for f in s.reads:
+                if f in prod:
+                    grouped.setdefault((prod[f], s.name), []).append(f)
+        return [DataEdge(src, dst, tuple(fs), sum(self.field_bytes(f) for f in fs))
+                for (src, dst), fs in grouped.items()]
+
+    def predecessors(self) -> dict[str, set[str]]:
+        preds: dict[str, set[str]] = {s.name: set() for s in self.stages}
+        for e in self.data_edges():
+            preds[e.dst].add(e.src)
+        return preds
+
+    def topo_order(self) -> list[str]:
+        """Stages in an order that respects data edges (builder order breaks ties)."""
+        preds = self.predecessors()
+        done: list[str] = []
+        placed: set[str] = set()
+        while len(done) < len(self.stages):
+            ready = [s.name for s in self.stages if s.name not in placed and preds[s.name] <= placed]
+            if not ready:
+                cyc = sorted(set(self.stage_names) - placed)
+                raise RpegError(f"data edges form a cycle among stages {', '.join(cyc)}")
+            done.append(ready[0])
+            placed.add(ready[0])
+        return done
+
+    def ancestors(self, name: str) -> set[str]:
+        preds = self.predecessors()
+        seen: set[str] = set()
+        todo = list(preds[name])
+        while todo:
+            n = todo.pop()
+            if n not in seen:
+                seen.add(n)
+                todo.extend(preds[n])
+        return seen
+
+    def weight_edges(self) -> list[WeightEdge]:
+        """For each stage that reads a trainable model's weights, where its version comes from.
+
+        TRAIN(m) at step t writes version t + 1. SYNC(m) at step t moves that version to the
+        generation layout (distance 0). A stage with lag L at step t' reads version t' - L, which
+        was written at step t' - L - 1: distance 1 + L. Generation reads through SYNC when there
+        is one; everything else reads what TRAIN wrote.
+        """
+        train = {s.model: s.name for s in self.stages if s.kind is Kind.TRAIN}
+        sync = {s.model: s.name for s in self.stages if s.kind is Kind.SYNC}
+        edges = []
+        for s in self.stages:
+            if s.model is None or s.model not in train:
+                continue
+            if s.kind is Kind.SYNC:
+                edges.append(WeightEdge(train[s.model], s.name, s.model, 0))
+            elif s.kind is Kind.GENERATE and s.model in sync:
+                edges.append(WeightEdge(sync[s.model], s.name, s.model, 1 + s.lag))
+            else:
+                edges.append(WeightEdge(train[s.model], s.name, s.model, 1 + s.lag))
+        return edges
+
+    def bytes_per_step(self) -> float:
+        """Bytes that cross data edges in one step."""
+        return sum(e.bytes for e in self.data_edges())

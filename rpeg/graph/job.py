@@ -1,0 +1,184 @@
+"""Job: what one RL step processes — prompts, samples per prompt, lengths, epochs, mini-batches.
+
+Response lengths of reasoning models are long-tailed, and the tail (not the mean) sets how long
+a generation batch runs, so a job gives a distribution, not a single number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rpeg.errors import RpegError
+
+DistKind = Literal["fixed", "uniform", "lognormal", "empirical"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LengthDistribution:
+    """Response length in tokens, truncated at `max`.
+
+    - fixed: every response has `mean` tokens (`max` = `mean`).
+    - uniform: between `min` and `max`, mean (min + max) / 2 (`mean` is derived).
+    - lognormal: log-normal with the given mean and shape `sigma`, truncated at `max`
+      (the generator stops at max tokens: the mass above it sits at `max`).
+    - empirical: `points` are response lengths of a sample; each equally likely.
+    """
+
+    kind: DistKind = "fixed"
+    mean: float = 0.0
+    max: int = 0
+    min: int = 1
+    sigma: float = 0.8
+    points: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        kind = self.kind
+        if kind == "fixed":
+            if self.mean <= 0:
+                raise RpegError(f"response length: fixed mean = {self.mean} must be positive")
+            object.__setattr__(self, "max", max(self.max, int(math.ceil(self.mean))))
+        elif kind == "uniform":
+            if not 1 <= self.min <= self.max:
+                raise RpegError(f"response length: uniform needs 1 <= min ({self.min}) <= max ({self.max})")
+            object.__setattr__(self, "mean", (self.min + self.max) / 2)
+        elif kind == "lognormal":
+            if not 0 < self.mean <= self.max:
+                raise RpegError(f"response length: lognormal needs 0 < mean ({self.mean}) <= max ({self.max})")
+            if self.sigma <= 0:
+                raise RpegError(f"response length: lognormal sigma = {self.sigma} must be positive")
+        elif kind == "empirical":
+            if not self.points or min(self.points) < 1:
+                raise RpegError("response length: empirical needs a non-empty list of positive lengths")
+            object.__setattr__(self, "mean", sum(self.points) / len(self.points))
+            object.__setattr__(self, "max", max(self.max, max(self.points)))
+        else:
+            raise RpegError(f"response length: unknown kind {kind!r} (fixed, uniform, lognormal, empirical)")
+
+    @classmethod
+    def fixed(cls, tokens: int) -> LengthDistribution:
+        return cls(kind="fixed", mean=tokens, max=tokens)
+
+    def quantile(self, q: float) -> float:
+        """Length below which a fraction q of responses fall (the truncation included)."""
+        q = min(max(q, 0.0), 1.0)
+        if self.kind == "fixed":
+            return float(self.mean)
+        if self.kind == "uniform":
+            return self.min + q * (self.max - self.min)
+        if self.kind == "empirical":
+            pts = sorted(self.points)
+            return float(pts[min(int(q * len(pts)), len(pts) - 1)])
+        mu, s = self._lognormal_params()
+        if q >= 1.0:
+            return float(self.max)
+        return min(float(self.max), math.exp(mu + s * _norm_ppf(q)))
+
+    def expected_max(self, n: int) -> float:
+        """Expected longest response among n independent ones: how long a batch of n runs."""
+        if n <= 1:
+            return self.mean
+        # E[max] = integral of the quantile function weighted by the density of the max's rank.
+        steps = 256
+        total = 0.0
+        for i in range(steps):
+            u0, u1 = i / steps, (i + 1) / steps
+            total += self.quantile((u0 + u1) / 2) * (u1 ** n - u0 ** n)
+        return total
+
+    def _lognormal_params(self) -> tuple[float, float]:
+        """mu such that the *truncated* mean equals `mean` (found by bisection on mu)."""
+        s = self.sigma
+        lo, hi = -20.0, math.log(self.max) + 10 * s
+        for _ in range(80):
+            mid = (lo + hi) / 2
+            if _truncated_lognormal_mean(mid, s, self.max) < self.mean:
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2, s
+
+    def describe(self) -> str:
+        if self.kind == "fixed":
+            return f"{self.mean:g}"
+        if self.kind == "uniform":
+            return f"uniform {self.min}..{self.max}"
+        if self.kind == "lognormal":
+            return f"lognormal mean {self.mean:g} max {self.max} sigma {self.sigma:g}"
+        return f"empirical mean {self.mean:.0f} max {self.max} ({len(self.points)} points)"
+
+
+def _norm_ppf(q: float) -> float:
+    """Inverse standard normal CDF (Acklam's rational approximation, |error| < 1.2e-9)."""
+    if q <= 0.0:
+        return -math.inf
+    if q >= 1.0:
+        return math.inf
+    a = (-3.969683028665376e01, 2.209460984245205e02, -2.759285104469687e02, 1.383577518672690e02,
+         -3.066479806614716e01, 2.506628277459239e00)
+    b = (-5.447609879822406e01, 1.615858368580409e02, -1.556989798598866e02, 6.680131188771972e01,
+         -1.328068155288572e01)
+    c = (-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e00, -2.549671010664070e00,
+         4.374664141464968e00, 2.938163982698783e00)
+    d = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e00, 3.754408661907416e00)
+    if q < 0.02425:
+        t = math.sqrt(-2 * math.log(q))
+        return (((((c[0] * t + c[1]) * t + c[2]) * t + c[3]) * t + c[4]) * t + c[5]) / (
+            (((d[0] * t + d[1]) * t + d[2]) * t + d[3]) * t + 1)
+    if q > 1 - 0.02425:
+        return -_norm_ppf(1 - q)
+    t = q - 0.5
+    r = t * t
+    return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * t / (
+        ((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1)
+
+
+def _truncated_lognormal_mean(mu: float, s: float, cap: float) -> float:
+    """E[min(X, cap)] for X ~ LogNormal(mu, s)."""
+    z = (math.log(cap) - mu) / s
+    phi = lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2)))  # noqa: E731
+    return math.exp(mu + s * s / 2) * phi(z - s) + cap * (1 - phi(z))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Job:
+    """One RL step's data: `prompts` x `samples_per_prompt` sequences of `prompt_len` + response
+    tokens, trained for `ppo_epochs` passes split into `mini_batches` optimizer steps each."""
+
+    prompts: int = 64
+    samples_per_prompt: int = 8
+    prompt_len: int = 512
+    response: LengthDistribution = field(default_factory=lambda: LengthDistribution.fixed(1024))
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+
+    def __post_init__(self) -> None:
+        problems = [f"{f} = {getattr(self, f)} must be positive"
+                    for f in ("prompts", "samples_per_prompt", "prompt_len", "ppo_epochs", "mini_batches")
+                    if getattr(self, f) <= 0]
+        if not problems and self.mini_batches > self.sequences:
+            problems.append(f"mini_batches = {self.mini_batches} exceeds the {self.sequences} sequences per step")
+        if problems:
+            raise RpegError("job: " + "; ".join(problems))
+
+    def replace(self, **changes) -> Job:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def sequences(self) -> int:
+        return self.prompts * self.samples_per_prompt
+
+    @property
+    def mean_seq_len(self) -> float:
+        return self.prompt_len + self.response.mean
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.prompt_len + self.response.max
+
+    def describe(self) -> str:
+        return (f"{self.prompts} prompts x {self.samples_per_prompt} samples = {self.sequences} sequences, "
+                f"prompt {self.prompt_len} + response {self.response.describe()} tokens, "
+                f"{self.ppo_epochs} epoch(s) x {self.mini_batches} mini-batch(es)")

@@ -1,0 +1,94 @@
+"""Execution annotations: device groups and per-stage parallel layouts.
+
+Checks follow torchtitan's ParallelDims: a failing check prints every factor, e.g.
+`dp*tp*pp*cp = 2*4*2*1 = 16 != 32 devices of group 'train'`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from rpeg.errors import RpegError
+
+Recompute = Literal["none", "selective", "full"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeviceGroup:
+    """A contiguous range of global device ids [first, first + count). Groups may overlap:
+    stages on overlapping groups are colocated and take turns on the devices."""
+
+    name: str
+    first: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if self.first < 0 or self.count <= 0:
+            raise RpegError(f"device group {self.name!r}: first = {self.first} must be >= 0 and "
+                            f"count = {self.count} must be > 0")
+
+    @property
+    def devices(self) -> range:
+        return range(self.first, self.first + self.count)
+
+    def overlaps(self, other: DeviceGroup) -> bool:
+        return self.first < other.first + other.count and other.first < self.first + self.count
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelLayout:
+    """How one stage's model is split over its devices.
+
+    dp, tp, pp, cp: data, tensor, pipeline, context parallel degrees (their product is the
+    device count); ep: expert parallel degree, carved out of dp*cp*tp (MoE parallel folding);
+    zero: ZeRO stage 0-3 (3 = FSDP); recompute: activation recomputation;
+    sequence_parallel: Megatron SP along tp; pp_interleave: virtual stages per pipeline rank.
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero: int = 0
+    recompute: Recompute = "none"
+    sequence_parallel: bool = False
+    pp_interleave: int = 1
+
+    def __post_init__(self) -> None:
+        bad = [f"{f} = {getattr(self, f)}" for f in ("dp", "tp", "pp", "cp", "ep", "pp_interleave")
+               if getattr(self, f) < 1]
+        if bad:
+            raise RpegError(f"parallel layout: {', '.join(bad)} must be >= 1")
+        if self.zero not in (0, 1, 2, 3):
+            raise RpegError(f"parallel layout: zero = {self.zero} must be 0, 1, 2 or 3")
+        if self.recompute not in ("none", "selective", "full"):
+            raise RpegError(f"parallel layout: recompute = {self.recompute!r} must be none, selective or full")
+        if self.sequence_parallel and self.tp == 1:
+            raise RpegError("parallel layout: sequence_parallel needs tp > 1")
+        if self.pp_interleave > 1 and self.pp == 1:
+            raise RpegError(f"parallel layout: pp_interleave = {self.pp_interleave} needs pp > 1")
+
+    def replace(self, **changes) -> ParallelLayout:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    def product_terms(self) -> str:
+        return f"dp*tp*pp*cp = {self.dp}*{self.tp}*{self.pp}*{self.cp} = {self.devices}"
+
+    def describe(self) -> str:
+        parts = [f"{k}{getattr(self, k)}" for k in ("dp", "tp", "pp", "cp", "ep") if getattr(self, k) > 1]
+        if self.zero:
+            parts.append(f"zero{self.zero}")
+        if self.recompute != "none":
+            parts.append(f"recompute={self.recompute}")
+        if self.sequence_parallel:
+            parts.append("sp")
+        if self.pp_interleave > 1:
+            parts.append(f"vpp{self.pp_interleave}")
+        return " ".join(parts) or "single device"

@@ -1,0 +1,167 @@
+"""Exact YAML/JSON round trip of the IR's frozen dataclasses, with typed, located errors.
+
+`to_data` turns a value into plain dicts, lists and scalars (fields equal to their default are
+left out, so files stay short); `from_data(cls, data)` checks every key and type against the
+dataclass and says where a file went wrong: `job.response.max: expected int, got 'long'`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import types
+
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from rpeg.errors import RpegError
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def to_data(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {}
+        for f in dataclasses.fields(value):
+            v = getattr(value, f.name)
+            if f.default is not dataclasses.MISSING and v == f.default and type(v) is type(f.default):
+                continue
+            out[f.name] = to_data(v)
+        return out
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (tuple, list)):
+        return [to_data(v) for v in value]
+    return value
+
+
+def from_data(tp: Any, data: Any, where: str = "") -> Any:
+    """Build a value of type `tp` from plain data, raising RpegError that names the location."""
+    origin = get_origin(tp)
+    here = where or "<root>"
+    if tp is Any:
+        return data
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if data is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return from_data(a, data, where)
+            except RpegError as e:
+                errors.append(str(e))
+        raise RpegError(errors[0] if len(errors) == 1 else f"{here}: {data!r} matches none of {tp}")
+    if origin is Literal:
+        if data not in get_args(tp):
+            allowed = ", ".join(map(repr, get_args(tp)))
+            raise RpegError(f"{here}: {data!r} is not one of {allowed}")
+        return data
+    if origin is tuple:
+        args = get_args(tp)
+        if not isinstance(data, (list, tuple)):
+            raise RpegError(f"{here}: expected a list, got {_show(data)}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(from_data(args[0], v, f"{where}[{i}]") for i, v in enumerate(data))
+        if len(args) != len(data):
+            raise RpegError(f"{here}: expected {len(args)} items, got {len(data)}")
+        return tuple(from_data(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, data)))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(data)
+        except ValueError:
+            allowed = ", ".join(m.value for m in tp)
+            raise RpegError(f"{here}: {data!r} is not one of {allowed}") from None
+    if dataclasses.is_dataclass(tp):
+        return _dataclass_from(tp, data, where)
+    if tp is bool:
+        if not isinstance(data, bool):
+            raise RpegError(f"{here}: expected true or false, got {_show(data)}")
+        return data
+    if tp is int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            if isinstance(data, float) and data.is_integer():
+                return int(data)
+            raise RpegError(f"{here}: expected an integer, got {_show(data)}")
+        return data
+    if tp is float:
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            raise RpegError(f"{here}: expected a number, got {_show(data)}")
+        return float(data)
+    if tp is str:
+        if not isinstance(data, str):
+            raise RpegError(f"{here}: expected a string, got {_show(data)}")
+        return data
+    raise TypeError(f"serde: unsupported type {tp!r} at {here}")  # a bug in the IR, not user input
+
+
+def _dataclass_from(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise RpegError(f"{where or '<root>'}: expected a mapping for {cls.__name__}, got {_show(data)}")
+    hints = _hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        raise RpegError(f"{_join(where, str(unknown[0]))}: unknown key for {cls.__name__} "
+                        f"(known: {', '.join(fields)})")
+    kwargs = {}
+    for name, f in fields.items():
+        if name in data:
+            kwargs[name] = from_data(hints[name], data[name], _join(where, name))
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise RpegError(f"{_join(where, name)}: missing (required by {cls.__name__})")
+    try:
+        return cls(**kwargs)
+    except RpegError as e:
+        raise RpegError(f"{where}: {e}" if where else str(e)) from None
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _show(data: Any) -> str:
+    text = repr(data)
+    return text if len(text) < 40 else text[:37] + "..."
+
+
+# ---- files -------------------------------------------------------------------------------------
+def dump_yaml(value: Any) -> str:
+    return yaml.safe_dump(to_data(value), sort_keys=False, default_flow_style=None, width=100)
+
+
+def dump_json(value: Any) -> str:
+    return json.dumps(to_data(value), indent=1)
+
+
+def parse_yaml(text: str, source: str = "<string>") -> Any:
+    """Parse YAML (JSON is YAML too); a syntax error becomes one line naming the place."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise RpegError(f"{source}{at}: malformed YAML: {problem}") from None
+
+
+def read_yaml_file(path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as e:
+        raise RpegError(f"cannot read {path}: {e.strerror}") from None
+    return parse_yaml(text, path)
+
+
+__all__ = ["to_data", "from_data", "dump_yaml", "dump_json", "parse_yaml", "read_yaml_file"]

@@ -1,0 +1,12 @@
+"""Passes: pure functions Graph -> Graph, each verified after it runs."""
+
+from rpeg.passes.asynchrony import bound_asynchrony
+from rpeg.passes.fusion import fuse
+from rpeg.passes.parallelize import parallelize
+from rpeg.passes.pipeline import PASSES, PassCall, PassPipeline
+from rpeg.passes.placement import colocate, place
+from rpeg.passes.sharing import share_actor_critic
+from rpeg.passes.streaming import stream, unstreamable
+
+__all__ = ["PASSES", "PassCall", "PassPipeline", "bound_asynchrony", "colocate", "fuse", "parallelize", "place",
+           "share_actor_critic", "stream", "unstreamable"]

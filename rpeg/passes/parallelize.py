@@ -1,0 +1,33 @@
+"""parallelize(stage, dp, tp, pp, cp, ep, zero, recompute): the parallel layout of one stage.
+
+Checked in the manner of torchtitan's ParallelDims, with every factor in the message: the
+product dp*tp*pp*cp equals the devices of the stage's group; tp divides the attention heads
+(and divides or is a multiple of the kv heads); pp divides the layers; ep divides the experts
+and dp*cp*tp; ZeRO and recomputation apply to training only.
+"""
+
+from __future__ import annotations
+
+from rpeg.errors import RpegError
+from rpeg.graph import Graph, ParallelLayout
+from rpeg.graph.verify import layout_problems
+from rpeg.passes.base import call_text, finish, refuse
+
+
+def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
+                zero: int = 0, recompute: str = "none", sequence_parallel: bool = False,
+                pp_interleave: int = 1) -> Graph:
+    call = call_text("parallelize", stage=stage, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero,
+                     recompute=recompute)
+    if stage not in graph.stage_names:
+        raise refuse(call, f"no stage {stage!r} (stages: {', '.join(graph.stage_names)})")
+    try:
+        layout = ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, recompute=recompute,
+                                sequence_parallel=sequence_parallel, pp_interleave=pp_interleave)
+    except (RpegError, TypeError) as e:
+        raise refuse(call, str(e)) from None
+    new = graph.stage(stage).replace(layout=layout)
+    problems = layout_problems(graph, new)
+    if problems:
+        raise refuse(call, "; ".join(problems))
+    return finish(graph, graph.with_stages([new]), call)
