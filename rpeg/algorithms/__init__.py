@@ -10,6 +10,7 @@ from rpeg.algorithms import dapo, dr_grpo, grpo, ppo, reinforce_pp, remax, rloo
 from rpeg.algorithms.common import Models
 from rpeg.errors import RpegError
 from rpeg.graph import AlgoConfig, Graph, Job
+from rpeg.graph.serde import from_data, to_data
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +36,7 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
 
 
 def get_algorithm(name: str) -> Algorithm:
-    key = name.lower().replace("-", "_").replace("++", "_pp").replace(".", "")
+    key = name.lower().replace("-", "_").replace("++", "_pp").replace(".", "_")  # Dr.GRPO
     if key in ALGORITHMS:
         return ALGORITHMS[key]
     raise RpegError(f"unknown algorithm {name!r} (known: {', '.join(ALGORITHMS)})")
@@ -48,7 +49,8 @@ def build_graph(name: str, job: Job, models: Models, **config_changes) -> Graph:
     unknown = sorted(set(config_changes) - known)
     if unknown:
         raise RpegError(f"unknown algorithm option {unknown[0]!r} (known: {', '.join(sorted(known))})")
-    return algo.build(job, models, algo.default.replace(**config_changes))
+    config = from_data(AlgoConfig, {**to_data(algo.default), **config_changes}, "config")
+    return algo.build(job, models, config)
 
 
 __all__ = ["ALGORITHMS", "Algorithm", "Models", "build_graph", "get_algorithm"]

@@ -76,6 +76,14 @@ class LengthDistribution:
             return float(self.max)
         return min(float(self.max), math.exp(mu + s * _norm_ppf(q)))
 
+    def expect(self, fn, points: int = 256) -> float:
+        """E[fn(length)] by the midpoint rule over quantiles (exact for fixed and empirical)."""
+        if self.kind == "fixed":
+            return fn(self.mean)
+        if self.kind == "empirical":
+            return sum(fn(p) for p in self.points) / len(self.points)
+        return sum(fn(self.quantile((i + 0.5) / points)) for i in range(points)) / points
+
     def expected_max(self, n: int) -> float:
         """Expected longest response among n independent ones: how long a batch of n runs."""
         if n <= 1:

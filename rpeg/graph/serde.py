@@ -145,7 +145,16 @@ def dump_json(value: Any) -> str:
 
 
 def parse_yaml(text: str, source: str = "<string>") -> Any:
-    """Parse YAML (JSON is YAML too); a syntax error becomes one line naming the place."""
+    """Parse YAML or JSON; a syntax error becomes one line naming the place.
+
+    JSON text goes through `json` first: PyYAML reads YAML 1.1, where `1e-05` (how `json` writes
+    small floats) is a string, not a number, so JSON is not quite YAML here.
+    """
+    if text.lstrip().startswith(("{", "[")):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            pass  # flow-style YAML, or broken JSON: the YAML parser says where it breaks
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:

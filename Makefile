@@ -1,0 +1,27 @@
+# `make demo` and `make test` each create or refresh .venv and install what they need.
+# torch is pinned to 2.13.0, the CPU build pip finds on this machine's disk.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet -e ".[train,dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m rpeg show examples/grpo-qwen3-8b.yaml --out rpeg-out
+	$(PY) -m rpeg analyze examples/grpo-qwen3-8b.yaml
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) rpeg-out .pytest_cache .hypothesis

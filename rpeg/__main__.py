@@ -1,0 +1,5 @@
+import sys
+
+from rpeg.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Performance model: pure cost functions (no I/O, no torch, no ray)."""

@@ -1,0 +1,69 @@
+"""FLOPs of decoder-only transformers, dense and MoE, per token and per sequence.
+
+A forward pass over one token costs 2 FLOPs per active matmul weight (Kaplan et al. 2020,
+arXiv 2001.08361, eq. 2.2) plus causal attention: at context length c every layer computes
+QK^T (2 * heads * qk_dim * c) and AV (2 * heads * v_dim * c). A whole causal sequence of S
+tokens sums c = 1..S, i.e. S(S + 1)/2 — the same whether the tokens come from one prefill or
+from KV-cached decoding, which is why generation FLOPs are those of a forward pass over the
+prompt and the response. MLA attention is counted in its unabsorbed form (per-head q/k of
+head_dim + rope_head_dim, v of v_head_dim). Backward costs twice the forward (Narayanan et al.
+2021, arXiv 2104.04473); full recomputation adds one more forward of the decoder layers (the
+output head is not checkpointed, as in Megatron), selective recomputation re-runs only the
+attention core (Korthikanti et al. 2022, arXiv 2205.05198).
+"""
+
+from __future__ import annotations
+
+from rpeg.graph.model import ModelSpec
+
+
+def attention_flops_per_context_token(spec: ModelSpec) -> float:
+    """Attention-core FLOPs per (query token, key token) pair, all layers: QK^T and AV."""
+    return 2.0 * spec.layers * spec.heads * (spec.q_head_dim + spec.v_head_dim)
+
+
+def forward_flops_per_token(spec: ModelSpec, context: float) -> float:
+    """Forward FLOPs of one token that attends to `context` tokens (itself included)."""
+    return 2.0 * spec.params_matmul_active() + attention_flops_per_context_token(spec) * context
+
+
+def sequence_forward_flops(spec: ModelSpec, seq_len: float) -> float:
+    """Forward FLOPs of a causal pass over `seq_len` tokens (prefill, or prefill + decode)."""
+    return 2.0 * spec.params_matmul_active() * seq_len + attention_flops_per_context_token(spec) * (
+        seq_len * (seq_len + 1) / 2)
+
+
+def decode_flops(spec: ModelSpec, prompt_len: float, response_len: float) -> float:
+    """FLOPs of generating `response_len` tokens after a `prompt_len` prefill (decode part only)."""
+    return sequence_forward_flops(spec, prompt_len + response_len) - sequence_forward_flops(spec, prompt_len)
+
+
+def head_flops_per_token(spec: ModelSpec) -> float:
+    """The output projection to the vocabulary."""
+    return 2.0 * spec.vocab * spec.hidden
+
+
+def layers_forward_flops(spec: ModelSpec, seq_len: float) -> float:
+    """Forward FLOPs of the decoder layers alone (no output head) over a causal sequence."""
+    return sequence_forward_flops(spec, seq_len) - head_flops_per_token(spec) * seq_len
+
+
+def attention_core_flops(spec: ModelSpec, seq_len: float) -> float:
+    """QK^T and AV over a causal sequence: what selective recomputation re-runs."""
+    return attention_flops_per_context_token(spec) * seq_len * (seq_len + 1) / 2
+
+
+def recompute_flops(spec: ModelSpec, seq_len: float, recompute: str) -> float:
+    """Extra forward work of activation recomputation over one sequence."""
+    if recompute == "full":
+        return layers_forward_flops(spec, seq_len)
+    if recompute == "selective":
+        return attention_core_flops(spec, seq_len)
+    if recompute == "none":
+        return 0.0
+    raise ValueError(f"recompute must be none, selective or full, not {recompute!r}")
+
+
+def train_flops(spec: ModelSpec, seq_len: float, recompute: str = "none") -> float:
+    """FLOPs of a training pass over one sequence: forward, backward (2x), recomputation."""
+    return 3.0 * sequence_forward_flops(spec, seq_len) + recompute_flops(spec, seq_len, recompute)

@@ -1,0 +1,84 @@
+"""Job files: what a user writes to describe an RL job, and how it becomes a Graph.
+
+    algorithm: grpo
+    model: qwen3-8B          # a preset name, or a mapping of ModelSpec fields
+    reward: rule             # or a model (preset name or mapping); default rule
+    critic: qwen3-8B         # PPO only; default: the actor's architecture
+    reference: qwen3-8B      # default: the actor's architecture
+    job: {prompts: 64, samples_per_prompt: 8, prompt_len: 512,
+          response: {kind: lognormal, mean: 2000, max: 8192}, ppo_epochs: 1, mini_batches: 4}
+    config: {kl_coef: 0.0}   # overrides of the algorithm's defaults
+    passes:                  # optional pass pipeline
+      - bound_asynchrony: {k: 1}
+
+Unknown keys are errors (a typo silently ignored is a wrong plan).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rpeg.algorithms import Models, build_graph, get_algorithm
+from rpeg.errors import RpegError
+from rpeg.graph import Graph, Job, ModelSpec, get_model
+from rpeg.graph.serde import from_data, read_yaml_file
+from rpeg.passes import PassPipeline
+
+KEYS = ("algorithm", "model", "reward", "critic", "reference", "job", "config", "passes")
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    algorithm: str
+    models: Models
+    job: Job
+    config: dict[str, Any]
+    passes: PassPipeline
+
+    def graph(self) -> Graph:
+        """The algorithm's graph with the job's passes applied."""
+        return self.passes.apply(build_graph(self.algorithm, self.job, self.models, **self.config))
+
+
+def model_from(data: Any, where: str) -> ModelSpec:
+    if isinstance(data, str):
+        return get_model(data)
+    if isinstance(data, dict):
+        if set(data) == {"preset"}:
+            return get_model(data["preset"])
+        return from_data(ModelSpec, {"name": "custom", **data}, where)
+    raise RpegError(f"{where}: expected a model name or a mapping of its dimensions, got {data!r}")
+
+
+def spec_from_data(data: Any, source: str = "job") -> JobSpec:
+    if not isinstance(data, dict):
+        raise RpegError(f"{source}: expected a mapping with keys {', '.join(KEYS)}")
+    unknown = [k for k in data if k not in KEYS]
+    if unknown:
+        raise RpegError(f"{source}: unknown key {unknown[0]!r} (known: {', '.join(KEYS)})")
+    for key in ("algorithm", "model"):
+        if key not in data:
+            raise RpegError(f"{source}: missing {key!r}")
+    algorithm = get_algorithm(str(data["algorithm"])).name
+    reward = data.get("reward", "rule")
+    models = Models(
+        actor=model_from(data["model"], f"{source}: model"),
+        critic=model_from(data["critic"], f"{source}: critic") if data.get("critic") else None,
+        reference=model_from(data["reference"], f"{source}: reference") if data.get("reference") else None,
+        reward=None if reward in (None, "rule") else model_from(reward, f"{source}: reward"),
+    )
+    job = from_data(Job, data.get("job") or {}, "job")
+    config = data.get("config") or {}
+    if not isinstance(config, dict):
+        raise RpegError(f"{source}: config must be a mapping of algorithm options")
+    return JobSpec(algorithm=algorithm, models=models, job=job, config=dict(config),
+                   passes=PassPipeline.from_data(data.get("passes")))
+
+
+def load_spec(path: str) -> JobSpec:
+    try:
+        return spec_from_data(read_yaml_file(path), path)
+    except RpegError as e:
+        msg = str(e)
+        raise RpegError(msg if path in msg else f"{path}: {msg}") from None

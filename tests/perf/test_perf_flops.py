@@ -1,0 +1,48 @@
+"""FLOP counts against hand-worked formulas (Megatron's, Kaplan's)."""
+
+import pytest
+
+from rpeg.graph import get_model
+from rpeg.perf.flops import decode_flops, forward_flops_per_token, sequence_forward_flops, train_flops
+
+
+def test_forward_per_token_is_two_flops_per_weight_plus_attention():
+    m = get_model("llama-3.1-8B")
+    matmul = 2 * (m.params_total() - m.vocab * m.hidden - m.hidden)  # no input embedding, no final norm
+    # norms are not matmuls but are a tiny part: within 0.01%
+    attn = 2 * m.layers * m.heads * (2 * m.head_dim) * 100
+    assert forward_flops_per_token(m, 100) == pytest.approx(matmul + attn, rel=1e-4)
+
+
+def test_gpt3_training_flops_match_megatron_formula_with_causal_attention():
+    """Narayanan et al. 2021 eq. (3), per sequence with full recomputation:
+    96 s l h^2 (1 + s/(6h) + V/(16 l h)). It counts the full s x s attention score matrix; a
+    causal model computes half of it (s(s+1)/2 pairs), so s/(6h) becomes s/(12h)."""
+    m = get_model("gpt3-175B")
+    s, l, h, v = 2048, m.layers, m.hidden, m.vocab
+    expected = 96 * s * l * h * h * (1 + s / (12 * h) + v / (16 * l * h))
+    # our count also has biases and the causal diagonal (s/2 more pairs): both < 0.1%
+    assert train_flops(m, s, recompute="full") == pytest.approx(expected, rel=1e-3)
+    no_recompute = 72 * s * l * h * h * (1 + s / (12 * h) + v / (12 * l * h))
+    assert train_flops(m, s) == pytest.approx(no_recompute, rel=1e-3)
+
+
+def test_recomputation_costs():
+    m = get_model("tiny-qwen2")
+    fwd = sequence_forward_flops(m, 64)
+    assert train_flops(m, 64) == pytest.approx(3 * fwd)
+    assert train_flops(m, 64, "none") < train_flops(m, 64, "selective") < train_flops(m, 64, "full")
+    assert train_flops(m, 64, "full") == pytest.approx(4 * fwd - 2 * m.vocab * m.hidden * 64)
+
+
+def test_decode_plus_prefill_is_one_forward_pass():
+    m = get_model("qwen3-8B")
+    assert sequence_forward_flops(m, 512) + decode_flops(m, 512, 1024) == pytest.approx(
+        sequence_forward_flops(m, 1536))
+
+
+def test_moe_counts_only_active_experts():
+    moe = get_model("qwen3-30B-A3B")
+    per_token = forward_flops_per_token(moe, 0)
+    assert per_token == pytest.approx(2 * moe.params_matmul_active())
+    assert per_token < 2 * 0.15 * moe.params_total()  # ~3.3B active of 30.5B

@@ -1,0 +1,97 @@
+"""The `rpeg` command: output, files written, and one-line errors with exit code 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rpeg.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_show_prints_stages_fields_and_writes_dot_and_png(capsys, tmp_path):
+    code, out, err = run(capsys, "show", "grpo", "--model", "qwen3-32B", "--out", str(tmp_path))
+    assert code == 0, err
+    for word in ("generate", "actor_update", "ref_logprobs", "response_ids", "per step", "32.76B"):
+        assert word in out
+    dot = (tmp_path / "grpo.dot").read_text()
+    assert dot.startswith('digraph "grpo"') and '"generate" -> "reward"' in dot
+    assert (tmp_path / "grpo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_analyze_prints_work_depth_table(capsys):
+    code, out, _ = run(capsys, "analyze", "ppo", "--model", "llama-3.1-8B")
+    assert code == 0
+    assert "depth D" in out and "critic_update" in out and "critical path" in out
+    assert "asynchrony" in out
+
+
+def test_analyze_json_is_machine_readable(capsys):
+    code, out, _ = run(capsys, "analyze", "grpo", "--model", "tiny-qwen2", "--json", "--steps", "4")
+    data = json.loads(out)
+    assert code == 0
+    assert {s["stage"] for s in data["stages"]} >= {"generate", "actor_update"}
+    assert data["total"]["flops"] == pytest.approx(sum(s["flops"] for s in data["stages"]))
+    assert [r["k"] for r in data["async"]] == [0, 1, 2, 4]
+
+
+def test_job_file_and_passes(capsys, tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("algorithm: ppo\nmodel: qwen2.5-7B\njob: {prompts: 16, samples_per_prompt: 2, mini_batches: 2}\n"
+                   "passes:\n  - share_actor_critic\n  - bound_asynchrony: {k: 2}\n")
+    code, out, err = run(capsys, "show", str(job), "--out", str(tmp_path))
+    assert code == 0, err
+    assert "share_actor_critic()" in out and "async bound k = 2" in out and "v(t-2)" in out
+    assert "critic_values" not in out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["show", "nope", "--model", "qwen3-8B"], "unknown algorithm 'nope'"),
+    (["show", "grpo", "--model", "qwen9"], "unknown model 'qwen9'"),
+    (["show", "grpo", "--model", "qwen3-8B", "-n", "1"], "samples_per_prompt >= 2"),
+    (["show", "grpo", "--model", "qwen3-8B", "--prompts", "x"], "invalid int value"),
+    (["analyze", "grpo"], "--model is required"),
+    (["show", "grpo", "--model", "qwen3-8B", "--share"], "has no critic"),
+    (["show", "ppo", "--model", "qwen3-8B", "--async", "-1"], "k must be"),
+    (["show", "reinforce_pp", "--model", "qwen3-8B", "--stream", "1"], "microbatches must be"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert needle in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_bad_job_files(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algorithm: grpo\nmodel: [1,\n")
+    code, _, err = run(capsys, "show", str(bad))
+    assert code == 2 and "malformed YAML" in err and "bad.yaml:3" in err
+    bad.write_text("algorithm: grpo\nmodel: qwen3-8B\njob: {prompts: lots}\n")
+    code, _, err = run(capsys, "show", str(bad))
+    assert code == 2 and "job.prompts: expected an integer" in err
+    bad.write_text("algorithm: grpo\nmodel: qwen3-8B\npasses: [{parallelize: {stage: generate, tp: 3}}]\n")
+    code, _, err = run(capsys, "show", str(bad))
+    assert code == 2 and "tp = 3 does not divide the 32 attention heads" in err
+    code, _, err = run(capsys, "show", str(tmp_path / "missing.yaml"))
+    assert code == 2 and "cannot read" in err
+
+
+def test_listings(capsys):
+    assert run(capsys, "models")[1].count("deepseek-v3") == 1
+    out = run(capsys, "algorithms")[1]
+    assert all(a in out for a in ("ppo", "grpo", "rloo", "reinforce_pp", "remax", "dapo", "dr_grpo"))
+    assert "parallelize" in run(capsys, "passes")[1]
+
+
+def test_console_entry_point_runs_as_a_module():
+    proc = subprocess.run([sys.executable, "-m", "rpeg", "show", "grpo", "--model", "nope"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.startswith("rpeg: error: unknown model")
