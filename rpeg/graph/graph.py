@@ -131,9 +131,12 @@ class Graph:
                 for (src, dst), fs in grouped.items()]
 
     def predecessors(self) -> dict[str, set[str]]:
+        # From the field names alone, not data_edges(): the verifier walks this on graphs whose
+        # fields may have an unknown dtype or dimension, which have no size in bytes.
+        prod = self.producers()
         preds: dict[str, set[str]] = {s.name: set() for s in self.stages}
-        for e in self.data_edges():
-            preds[e.dst].add(e.src)
+        for s in self.stages:
+            preds[s.name].update(prod[f] for f in s.reads if f in prod)
         return preds
 
     def topo_order(self) -> list[str]:

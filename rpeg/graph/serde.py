@@ -150,14 +150,18 @@ def parse_yaml(text: str, source: str = "<string>") -> Any:
     JSON text goes through `json` first: PyYAML reads YAML 1.1, where `1e-05` (how `json` writes
     small floats) is a string, not a number, so JSON is not quite YAML here.
     """
+    json_error = None
     if text.lstrip().startswith(("{", "[")):
         try:
             return json.loads(text)
-        except json.JSONDecodeError:
-            pass  # flow-style YAML, or broken JSON: the YAML parser says where it breaks
+        except json.JSONDecodeError as e:
+            json_error = e  # flow-style YAML, or broken JSON
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
+        if json_error is not None:
+            at = f":{json_error.lineno}:{json_error.colno}"
+            raise RpegError(f"{source}{at}: malformed JSON: {json_error.msg}") from None
         mark = getattr(e, "problem_mark", None)
         at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]

@@ -80,7 +80,10 @@ class PassPipeline:
         calls = []
         for i, item in enumerate(data):
             if isinstance(item, str):
-                calls.append(PassCall(item))
+                try:
+                    calls.append(PassCall(item))
+                except RpegError as e:
+                    raise RpegError(f"{where}[{i}]: {e}") from None
             elif isinstance(item, dict) and len(item) == 1:
                 (name, args), = item.items()
                 if args is not None and not isinstance(args, dict):

@@ -12,9 +12,15 @@ from rpeg.errors import RpegError
 from rpeg.graph import AlgoConfig, DeviceGroup, Job, LengthDistribution, ParallelLayout
 
 
-def _grid_mean(dist: LengthDistribution, points: int = 2000) -> float:
-    """E[length] = integral over u in (0, 1) of the quantile function, by the midpoint rule."""
-    return sum(dist.quantile((i + 0.5) / points) for i in range(points)) / points
+def _grid_mean(dist: LengthDistribution, points: int = 300) -> float:
+    """E[length] = integral over u in (0, 1) of the quantile function, by the midpoint rule on a
+    grid that refines by decades towards u = 1, where a long tail keeps its mass."""
+    edges = [0.0] + [1 - 10.0 ** -k for k in range(1, 8)] + [1.0]
+    total = 0.0
+    for a, b in zip(edges, edges[1:]):
+        h = (b - a) / points
+        total += h * sum(dist.quantile(a + (i + 0.5) * h) for i in range(points))
+    return total
 
 
 lengths = st.integers(1, 8192)
@@ -69,21 +75,21 @@ def test_lognormal_truncated_mean_is_the_requested_mean(mean, cap, sigma):
     assert d.quantile(0.5) <= min(cap, mean) or mean > cap / 2  # right-skewed unless the cap bites
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(mean=st.floats(1.0, 8000.0), extra=st.floats(1.0, 8.0), sigma=st.floats(0.05, 2.5))
 def test_lognormal_mean_property(mean, extra, sigma):
     cap = math.ceil(mean * extra)
     d = LengthDistribution(kind="lognormal", mean=mean, max=cap, sigma=sigma)
-    assert _grid_mean(d, 1000) == pytest.approx(mean, rel=0.01)
+    assert _grid_mean(d, 60) == pytest.approx(mean, rel=0.01)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(dist=distributions())
 def test_quantiles_monotone_and_expected_max_non_decreasing(dist):
     qs = [dist.quantile(i / 50) for i in range(51)]
     assert all(a <= b for a, b in zip(qs, qs[1:]))
     assert qs[-1] <= dist.max
-    ems = [dist.expected_max(n) for n in (1, 2, 3, 4, 8, 16, 64, 256)]
+    ems = [dist.expected_max(n) for n in (1, 2, 3, 8, 64, 512)]
     assert all(a <= b + 1e-9 * dist.max for a, b in zip(ems, ems[1:])), ems
     assert all(e <= dist.max + 1e-9 for e in ems)
     assert ems[0] == pytest.approx(dist.mean)
