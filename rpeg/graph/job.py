@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Literal
 
 from rpeg.errors import RpegError
@@ -36,9 +37,10 @@ class LengthDistribution:
 
     def __post_init__(self) -> None:
         kind = self.kind
+        object.__setattr__(self, "mean", float(self.mean))  # one YAML spelling, however it was given
         if kind == "fixed":
             if self.mean <= 0:
-                raise RpegError(f"response length: fixed mean = {self.mean} must be positive")
+                raise RpegError(f"response length: fixed mean = {self.mean:g} must be positive")
             object.__setattr__(self, "max", max(self.max, int(math.ceil(self.mean))))
         elif kind == "uniform":
             if not 1 <= self.min <= self.max:
@@ -46,7 +48,7 @@ class LengthDistribution:
             object.__setattr__(self, "mean", (self.min + self.max) / 2)
         elif kind == "lognormal":
             if not 0 < self.mean <= self.max:
-                raise RpegError(f"response length: lognormal needs 0 < mean ({self.mean}) <= max ({self.max})")
+                raise RpegError(f"response length: lognormal needs 0 < mean ({self.mean:g}) <= max ({self.max})")
             if self.sigma <= 0:
                 raise RpegError(f"response length: lognormal sigma = {self.sigma} must be positive")
         elif kind == "empirical":
@@ -71,18 +73,22 @@ class LengthDistribution:
         if self.kind == "empirical":
             pts = sorted(self.points)
             return float(pts[min(int(q * len(pts)), len(pts) - 1)])
-        mu, s = self._lognormal_params()
+        mu = _lognormal_mu(self.mean, self.sigma, self.max)
         if q >= 1.0:
             return float(self.max)
-        return min(float(self.max), math.exp(mu + s * _norm_ppf(q)))
+        return min(float(self.max), math.exp(mu + self.sigma * _norm_ppf(q)))
 
     def expect(self, fn, points: int = 256) -> float:
-        """E[fn(length)] by the midpoint rule over quantiles (exact for fixed and empirical)."""
+        """E[fn(length)]: exact for fixed and empirical; the midpoint rule over quantiles for
+        uniform; for the log-normal, the atom at `max` exactly plus quantile bins that shrink
+        geometrically toward the tail (a heavy tail holds much of the mean in little mass)."""
         if self.kind == "fixed":
             return fn(self.mean)
         if self.kind == "empirical":
             return sum(fn(p) for p in self.points) / len(self.points)
-        return sum(fn(self.quantile((i + 0.5) / points)) for i in range(points)) / points
+        if self.kind == "uniform":
+            return sum(fn(self.quantile((i + 0.5) / points)) for i in range(points)) / points
+        return sum(w * fn(x) for x, w in _lognormal_nodes(self.mean, self.sigma, self.max))
 
     def expected_max(self, n: int) -> float:
         """Expected longest response among n independent ones: how long a batch of n runs."""
@@ -95,18 +101,6 @@ class LengthDistribution:
             u0, u1 = i / steps, (i + 1) / steps
             total += self.quantile((u0 + u1) / 2) * (u1 ** n - u0 ** n)
         return total
-
-    def _lognormal_params(self) -> tuple[float, float]:
-        """mu such that the *truncated* mean equals `mean` (found by bisection on mu)."""
-        s = self.sigma
-        lo, hi = -20.0, math.log(self.max) + 10 * s
-        for _ in range(80):
-            mid = (lo + hi) / 2
-            if _truncated_lognormal_mean(mid, s, self.max) < self.mean:
-                lo = mid
-            else:
-                hi = mid
-        return (lo + hi) / 2, s
 
     def describe(self) -> str:
         if self.kind == "fixed":
@@ -143,11 +137,46 @@ def _norm_ppf(q: float) -> float:
         ((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1)
 
 
+def _phi(x: float) -> float:
+    return 0.5 * (1 + math.erf(x / math.sqrt(2)))
+
+
 def _truncated_lognormal_mean(mu: float, s: float, cap: float) -> float:
     """E[min(X, cap)] for X ~ LogNormal(mu, s)."""
     z = (math.log(cap) - mu) / s
-    phi = lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2)))  # noqa: E731
-    return math.exp(mu + s * s / 2) * phi(z - s) + cap * (1 - phi(z))
+    return math.exp(mu + s * s / 2) * _phi(z - s) + cap * (1 - _phi(z))
+
+
+@cache
+def _lognormal_mu(mean: float, s: float, cap: float) -> float:
+    """mu such that the *truncated* mean E[min(X, cap)] equals `mean` (bisection; the truncated
+    mean grows with mu)."""
+    lo, hi = -20.0, math.log(cap) + 10 * s
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if _truncated_lognormal_mean(mid, s, cap) < mean:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+@cache
+def _lognormal_nodes(mean: float, s: float, cap: float) -> tuple[tuple[float, float], ...]:
+    """(length, probability) nodes of min(X, cap): the atom at cap, then 8 midpoints in each of
+    40 quantile bins [1 - 2^-k, 1 - 2^-(k+1)) of the continuous part."""
+    mu = _lognormal_mu(mean, s, cap)
+    p_cap = 1 - _phi((math.log(cap) - mu) / s)
+    body = 1 - p_cap
+    nodes = [(float(cap), p_cap)] if p_cap > 0 else []
+    for k in range(40):
+        lo, hi = body * (1 - 2.0 ** -k), body * (1 - 2.0 ** -(k + 1))
+        for j in range(8):
+            u = lo + (j + 0.5) * (hi - lo) / 8
+            nodes.append((min(float(cap), math.exp(mu + s * _norm_ppf(u))), (hi - lo) / 8))
+    rest = body * 2.0 ** -40  # below 1e-12 of the mass: counted at the cap
+    nodes.append((float(cap), rest))
+    return tuple(nodes)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -194,3 +194,15 @@ def test_read_yaml_file(tmp_path):
     assert from_data(type(g), read_yaml_file(str(path))) == g
     with pytest.raises(RpegError, match="cannot read .*missing.yaml"):
         read_yaml_file(str(tmp_path / "missing.yaml"))
+
+
+def test_yaml_text_is_stable_across_a_load_and_dump():
+    """A file written, read and written again is the same text (ints given for float fields are
+    normalized on construction, so `mean: 512` never turns into `mean: 512.0` on the way back)."""
+    from rpeg.algorithms import Models, build_graph
+    from rpeg.graph import Job, LengthDistribution, get_model
+    from rpeg.graph.io import graph_from_text, graph_to_yaml
+
+    g = build_graph("ppo", Job(response=LengthDistribution.fixed(512)), Models(actor=get_model("qwen3-8B")))
+    text = graph_to_yaml(g)
+    assert graph_to_yaml(graph_from_text(text)) == text
