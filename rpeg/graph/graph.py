@@ -55,30 +55,24 @@ class Graph:
         return dataclasses.replace(self, **changes)
 
     # ---- lookups -----------------------------------------------------------------------------
+    def _find(self, items: tuple, name: str, what: str):
+        for item in items:
+            if item.name == name:
+                return item
+        known = ", ".join(i.name for i in items) or "none"
+        raise RpegError(f"graph {self.algorithm!r} has no {what} {name!r} ({what}s: {known})")
+
     def stage(self, name: str) -> Stage:
-        for s in self.stages:
-            if s.name == name:
-                return s
-        raise RpegError(f"graph {self.algorithm!r} has no stage {name!r} (stages: {', '.join(self.stage_names)})")
+        return self._find(self.stages, name, "stage")
 
     def field(self, name: str) -> Field:
-        for f in self.fields:
-            if f.name == name:
-                return f
-        raise RpegError(f"graph {self.algorithm!r} has no field {name!r}")
+        return self._find(self.fields, name, "field")
 
     def model(self, name: str) -> ModelRole:
-        for m in self.models:
-            if m.name == name:
-                return m
-        raise RpegError(f"graph {self.algorithm!r} has no model {name!r} "
-                        f"(models: {', '.join(m.name for m in self.models)})")
+        return self._find(self.models, name, "model")
 
     def group(self, name: str) -> DeviceGroup:
-        for g in self.groups:
-            if g.name == name:
-                return g
-        raise RpegError(f"graph has no device group {name!r}")
+        return self._find(self.groups, name, "device group")
 
     def has_model(self, name: str) -> bool:
         return any(m.name == name for m in self.models)
