@@ -44,7 +44,9 @@ class ParallelLayout:
     dp, tp, pp, cp: data, tensor, pipeline, context parallel degrees (their product is the
     device count); ep: expert parallel degree, carved out of dp*cp*tp (MoE parallel folding);
     zero: ZeRO stage 0-3 (3 = FSDP); recompute: activation recomputation;
-    sequence_parallel: Megatron SP along tp; pp_interleave: virtual stages per pipeline rank.
+    sequence_parallel: Megatron SP along tp; pp_interleave: virtual stages per pipeline rank;
+    pp_uneven: allow pipeline stages with unequal layer counts (Megatron's first/last-stage layer
+    options), for models whose layers pp does not divide (DeepSeek-V3's 61).
     """
 
     dp: int = 1
@@ -56,6 +58,7 @@ class ParallelLayout:
     recompute: Recompute = "none"
     sequence_parallel: bool = False
     pp_interleave: int = 1
+    pp_uneven: bool = False
 
     def __post_init__(self) -> None:
         bad = [f"{f} = {getattr(self, f)}" for f in ("dp", "tp", "pp", "cp", "ep", "pp_interleave")
@@ -78,6 +81,10 @@ class ParallelLayout:
     def devices(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
 
+    def layers_per_stage(self, layers: int) -> int:
+        """Layers on the busiest pipeline stage."""
+        return -(-layers // (self.pp * self.pp_interleave)) * self.pp_interleave
+
     def product_terms(self) -> str:
         return f"dp*tp*pp*cp = {self.dp}*{self.tp}*{self.pp}*{self.cp} = {self.devices}"
 
@@ -91,4 +98,6 @@ class ParallelLayout:
             parts.append("sp")
         if self.pp_interleave > 1:
             parts.append(f"vpp{self.pp_interleave}")
+        if self.pp_uneven:
+            parts.append("uneven-pp")
         return " ".join(parts) or "single device"

@@ -309,9 +309,12 @@ def layout_problems(g: Graph, stage: Stage) -> list[str]:
         out.append(f"tp = {lay.tp} does not divide the {spec.heads} attention heads of {spec.name}")
     elif spec.attention != "mla" and spec.kv_heads % lay.tp and lay.tp % spec.kv_heads:
         out.append(f"tp = {lay.tp} neither divides nor is a multiple of the {spec.kv_heads} kv heads of {spec.name}")
-    if spec.layers % lay.pp:
-        out.append(f"pp = {lay.pp} does not divide the {spec.layers} layers of {spec.name}")
-    elif spec.layers % (lay.pp * lay.pp_interleave):
+    if lay.pp * lay.pp_interleave > spec.layers:
+        out.append(f"pp*pp_interleave = {lay.pp}*{lay.pp_interleave} exceeds the {spec.layers} layers of {spec.name}")
+    elif spec.layers % lay.pp and not lay.pp_uneven:
+        out.append(f"pp = {lay.pp} does not divide the {spec.layers} layers of {spec.name} (pp_uneven=True allows "
+                   "unequal stages)")
+    elif spec.layers % (lay.pp * lay.pp_interleave) and not lay.pp_uneven:
         out.append(f"pp*pp_interleave = {lay.pp}*{lay.pp_interleave} does not divide the {spec.layers} layers")
     if lay.ep > 1:
         if not spec.is_moe:

@@ -16,14 +16,15 @@ from rpeg.passes.base import call_text, finish, refuse
 
 def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
                 zero: int = 0, recompute: str = "none", sequence_parallel: bool = False,
-                pp_interleave: int = 1) -> Graph:
+                pp_interleave: int = 1, pp_uneven: bool = False) -> Graph:
     call = call_text("parallelize", stage=stage, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero,
                      recompute=recompute)
     if stage not in graph.stage_names:
         raise refuse(call, f"no stage {stage!r} (stages: {', '.join(graph.stage_names)})")
     try:
         layout = ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, recompute=recompute,
-                                sequence_parallel=sequence_parallel, pp_interleave=pp_interleave)
+                                sequence_parallel=sequence_parallel, pp_interleave=pp_interleave,
+                                pp_uneven=pp_uneven)
     except (RpegError, TypeError) as e:
         raise refuse(call, str(e)) from None
     new = graph.stage(stage).replace(layout=layout)

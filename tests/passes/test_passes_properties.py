@@ -159,8 +159,12 @@ def test_illegal_passes_are_refused(g, m, k):
         parallelize(placed, "actor_update", dp=2)
     with pytest.raises(RpegError, match=f"tp = {spec.heads + 1} does not divide the {spec.heads} attention heads"):
         parallelize(g, "actor_update", tp=spec.heads + 1)
-    with pytest.raises(RpegError, match=f"pp = {spec.layers + 1} does not divide the {spec.layers} layers"):
+    with pytest.raises(RpegError, match=f"pp\\*pp_interleave = {spec.layers + 1}\\*1 exceeds the {spec.layers} layers"):
         parallelize(g, "actor_update", pp=spec.layers + 1)
+    if spec.layers > 2:
+        with pytest.raises(RpegError, match=f"pp = {spec.layers - 1} does not divide the {spec.layers} layers"):
+            parallelize(g, "actor_update", pp=spec.layers - 1)
+        assert verify(parallelize(g, "actor_update", pp=spec.layers - 1, pp_uneven=True))
     if not spec.is_moe:
         with pytest.raises(RpegError, match="ep = 2 but .* has no experts"):
             parallelize(g, "actor_update", dp=2, ep=2)

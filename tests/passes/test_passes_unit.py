@@ -86,7 +86,9 @@ def test_parallelize_shape_refusals():
     assert "tp = 6 neither divides nor is a multiple of the 4 kv heads of h12-kv4" in refusal(
         build(actor=H12_KV4), tp=6)
     assert "pp = 3 does not divide the 4 layers of tiny-qwen2" in refusal(build(), pp=3)
-    assert "pp*pp_interleave = 2*4 does not divide the 4 layers" in refusal(build(), pp=2, pp_interleave=4)
+    assert "pp*pp_interleave = 2*4 exceeds the 4 layers" in refusal(build(), pp=2, pp_interleave=4)
+    uneven = parallelize(build(), "actor_update", pp=3, pp_uneven=True)  # Megatron's unequal stages
+    assert uneven.stage("actor_update").layout.layers_per_stage(4) == 2
     assert "ep = 2 but tiny-qwen2 has no experts" in refusal(build(), dp=2, ep=2)
     assert "ep = 4 does not divide the 6 experts of moe6" in refusal(build(actor=MOE), dp=4, ep=4)
     assert "ep = 3 does not divide dp*cp*tp = 2*1*1 = 2" in refusal(build(actor=MOE), dp=2, ep=3)

@@ -1,0 +1,111 @@
+"""Time of one decoder layer's forward on one device: GEMMs, attention core, elementwise ops.
+
+Each part is a roofline: time = max(FLOPs / (peak x GEMM efficiency), bytes / (HBM bandwidth x
+HBM efficiency)). That is the "curve over operation size": a prefill or training micro-batch of
+thousands of tokens is compute-bound, a decode step of a few hundred tokens reads the weights
+and the KV cache and is memory-bound, with no per-case factor.
+
+Shapes per device: tensor parallelism splits heads and MLP width by `tp`; with sequence
+parallelism the elementwise work is split too; expert parallelism splits the experts by `ep`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rpeg.graph.model import ModelSpec
+from rpeg.hardware.device import Device
+from rpeg.perf.efficiency import ATTENTION, GEMM, HBM
+
+BF16 = 2
+
+
+@dataclass(frozen=True, slots=True)
+class LayerTime:
+    gemm_s: float
+    attention_s: float
+    elementwise_s: float
+    flops: float  # on this device
+    bytes: float  # HBM traffic on this device
+
+    @property
+    def seconds(self) -> float:
+        return self.gemm_s + self.attention_s + self.elementwise_s
+
+    def scaled(self, k: float) -> LayerTime:
+        return LayerTime(self.gemm_s * k, self.attention_s * k, self.elementwise_s * k, self.flops * k, self.bytes * k)
+
+    def __add__(self, o: LayerTime) -> LayerTime:
+        return LayerTime(self.gemm_s + o.gemm_s, self.attention_s + o.attention_s,
+                         self.elementwise_s + o.elementwise_s, self.flops + o.flops, self.bytes + o.bytes)
+
+
+def _rates(device: Device, dtype: str) -> tuple[float, float, float]:
+    kind = device.kind
+    return (device.flop_per_s(dtype) * GEMM[kind].value, device.flop_per_s(dtype) * ATTENTION[kind].value,
+            device.hbm_bandwidth_bytes_per_s * HBM[kind].value)
+
+
+def experts_touched(spec: ModelSpec, tokens: float) -> float:
+    """Expected distinct routed experts a batch of `tokens` hits in one layer (uniform routing)."""
+    if not spec.is_moe:
+        return 0.0
+    miss = (1 - spec.experts_per_token / spec.experts) ** max(tokens, 0.0)
+    return spec.experts * (1 - miss)
+
+
+def layer_forward(spec: ModelSpec, device: Device, *, tokens: float, context: float, tp: int = 1, ep: int = 1,
+                  sp: bool = False, moe_layer: bool | None = None, kv_read_tokens: float | None = None,
+                  dtype: str = "bf16", flash_attention: bool = True) -> LayerTime:
+    """Forward of one layer over `tokens` tokens on one device.
+
+    context: the mean number of keys each token attends to (s/2 for a causal pass over s tokens,
+    the current length for a decode step). kv_read_tokens: tokens of KV cache read from HBM
+    (decode); None for a pass whose keys are computed on chip (prefill, training).
+    """
+    gemm_rate, attn_rate, bw = _rates(device, dtype)
+    moe = spec.is_moe if moe_layer is None else moe_layer
+    attn_params = spec.attention_params()
+    if moe:
+        expert = spec.mlp_params(spec.moe_ffn)
+        active_mlp = (spec.experts_per_token + spec.shared_experts) * expert + spec.router_params()
+        touched = experts_touched(spec, tokens) / ep + spec.shared_experts
+        resident_mlp = touched * expert + spec.router_params()
+        mlp_width = (spec.experts_per_token + spec.shared_experts) * spec.moe_ffn
+    else:
+        active_mlp = resident_mlp = spec.mlp_params(spec.ffn)
+        mlp_width = spec.ffn
+    # GEMMs: each token multiplies by the attention projections and its experts' weights.
+    gemm_flops = 2.0 * tokens * (attn_params + active_mlp) / tp
+    weight_bytes = BF16 * (attn_params + resident_mlp) / tp
+    act_bytes = BF16 * tokens * (4 * spec.hidden + 3 * mlp_width) / tp  # GEMM inputs and outputs
+    gemm_s = max(gemm_flops / gemm_rate, (weight_bytes + act_bytes) / bw)
+    # attention core: QK^T and AV
+    heads = spec.heads / tp
+    keys = context if flash_attention else 2 * context
+    attn_flops = 2.0 * tokens * keys * heads * (spec.q_head_dim + spec.v_head_dim)
+    score_bytes = 0.0 if flash_attention else 4 * BF16 * tokens * keys * heads  # write, read, write, read
+    kv_bytes = 0.0
+    if kv_read_tokens:
+        per_token = spec.kv_elements_per_token() / spec.layers * BF16
+        if spec.attention != "mla":
+            per_token /= min(tp, spec.kv_heads)
+        kv_bytes = kv_read_tokens * per_token
+    attention_s = max(attn_flops / (attn_rate if flash_attention else gemm_rate), (kv_bytes + score_bytes) / bw)
+    # elementwise: norms, residual adds, rotary, activation function (read + write, bf16)
+    elem_bytes = BF16 * tokens * (2 * 4 * spec.hidden + 3 * mlp_width) / tp
+    if not sp:
+        elem_bytes += BF16 * tokens * 2 * 4 * spec.hidden * (1 - 1 / tp)  # norms/residuals replicated over tp
+    elementwise_s = elem_bytes / bw
+    return LayerTime(gemm_s, attention_s, elementwise_s, gemm_flops + attn_flops,
+                     weight_bytes + act_bytes + kv_bytes + score_bytes + elem_bytes)
+
+
+def head_forward(spec: ModelSpec, device: Device, *, tokens: float, tp: int = 1, dtype: str = "bf16") -> LayerTime:
+    """The output projection to the vocabulary (and its softmax/logprob) for `tokens` tokens."""
+    gemm_rate, _, bw = _rates(device, dtype)
+    flops = 2.0 * tokens * spec.vocab * spec.hidden / tp
+    weight_bytes = BF16 * spec.vocab * spec.hidden / tp
+    logits_bytes = 4 * tokens * spec.vocab / tp * 2  # fp32 logits written and read by the log-softmax
+    gemm_s = max(flops / gemm_rate, (weight_bytes + BF16 * tokens * spec.hidden) / bw)
+    return LayerTime(gemm_s, 0.0, logits_bytes / bw, flops, weight_bytes + logits_bytes)

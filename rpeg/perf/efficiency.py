@@ -1,0 +1,85 @@
+"""The global efficiency factors: one table for every prediction, each factor with its reason.
+
+Nothing here is fitted to one published point. A factor is per device kind, per link kind, or a
+curve over operation size (the roofline: an operation is compute-bound or memory-bound by its
+size, so small GEMMs - decode, narrow tensor-parallel shards - fall off the tensor-core peak by
+themselves). Change one and every validation entry moves together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Factor:
+    value: float
+    reason: str
+
+
+# ---- compute (per device kind) ---------------------------------------------------------------------
+GEMM = {
+    "gpu": Factor(0.70, "large bf16 GEMMs in cuBLAS/cuDNN reach about 70-80% of the dense tensor-core peak on "
+                        "A100/H100 (vendor GEMM benchmarks); 0.70 leaves room for the shapes real layers have"),
+    "cpu": Factor(1.0, "cpu-local figures are measured matmul rates already"),
+}
+HBM = {
+    "gpu": Factor(0.80, "streaming kernels reach about 80% of nominal HBM bandwidth (STREAM-like copies on "
+                        "A100/H100 reach 1.6-1.7 of 2.0 TB/s and 2.6-2.9 of 3.35 TB/s)"),
+    "cpu": Factor(1.0, "cpu-local figures are measured copy bandwidth already"),
+}
+ATTENTION = {
+    "gpu": Factor(0.45, "fused attention kernels (FlashAttention-2, cuDNN) run at 35-70% of peak forward and lower "
+                        "backward (Dao 2023, arXiv 2307.08691, figures 4-7); 0.45 for forward and backward together"),
+    "cpu": Factor(0.5, "attention on CPU is a batched matmul plus softmax; half the matmul rate"),
+}
+KERNEL_LAUNCH_S = Factor(4e-6, "a CUDA kernel launch plus its tail costs a few microseconds; counted per kernel of "
+                               "a layer (about 12 per layer forward) when work per kernel is small")
+KERNELS_PER_LAYER = 12  # norms, QKV, rotary, attention, output, residual, MLP in/act/out: a forward layer's kernels
+
+# ---- generation engine (vLLM-class) --------------------------------------------------------------
+DECODE_STEP_OVERHEAD_S = Factor(
+    3e-3, "a continuous-batching engine spends a few milliseconds of CPU time per decode step (scheduling, "
+          "sampling, detokenizing, input preparation) that CUDA graphs do not hide; vLLM's V1 re-architecture "
+          "(2025) reports removing most of a ~5 ms per-step overhead")
+KV_MEMORY_UTILIZATION = Factor(0.9, "vLLM's default gpu_memory_utilization")
+
+# ---- links (per link kind) ----------------------------------------------------------------------------
+LINK = {
+    "nvlink": Factor(0.80, "nccl-tests all_reduce bus bandwidth reaches ~360 of 450 GB/s per direction on "
+                           "DGX H100 and ~230 of 300 on DGX A100"),
+    "xgmi": Factor(0.70, "RCCL all_reduce bus bandwidth on MI300X platforms is ~300+ of ~448 GB/s per direction"),
+    "infiniband": Factor(0.90, "nccl-tests reach ~46 of 50 GB/s per 400 Gb/s NDR port across nodes"),
+    "slingshot": Factor(0.80, "NCCL over libfabric on Slingshot-11 reaches ~20 of 25 GB/s per NIC"),
+    "ethernet": Factor(0.80, "RoCE reaches ~80% of line rate in NCCL"),
+    "pcie": Factor(0.80, "PCIe DMA reaches ~80% of link rate"),
+    "memory": Factor(1.0, "in-memory copies on one host: the cpu-local calibration is already measured"),
+}
+
+# ---- training frameworks -------------------------------------------------------------------------------
+OPTIMIZER_BYTES_PER_PARAM = Factor(
+    36.0, "a fused Adam step reads fp32 grad, master weight, two moments (16 B) and writes master, moments "
+          "(12 B), a bf16 copy (2 B) and zeroes the grad (4 B), plus ~2 B of norm/clip reads")
+DP_OVERLAP = Factor(0.5, "Megatron/FSDP overlap gradient reduce-scatter with the backward of earlier layers; "
+                         "about half of it stays exposed at the end of the last micro-batch")
+
+# ---- RL step -------------------------------------------------------------------------------------------
+CONTEXT_SWITCH_BYTES = Factor(1.0, "colocated training and generation offload and reload what does not fit "
+                                   "together (optimizer state, KV cache) over host links each step")
+HOST_LINK_BYTES_PER_S = Factor(25e9, "device <-> host copies run at ~25 GB/s per GPU over PCIe Gen5 x16 "
+                                     "(half of its 64 GB/s when all GPUs of a node copy at once)")
+
+
+def link_efficiency(link: str) -> float:
+    return LINK[link].value if link in LINK else 0.8
+
+
+def table() -> list[tuple[str, float, str]]:
+    """Every factor with its value and reason, for docs and `rpeg validate`."""
+    rows = []
+    for name, obj in sorted(globals().items()):
+        if isinstance(obj, Factor):
+            rows.append((name, obj.value, obj.reason))
+        elif isinstance(obj, dict) and obj and all(isinstance(v, Factor) for v in obj.values()):
+            rows += [(f"{name}[{k}]", v.value, v.reason) for k, v in obj.items()]
+    return rows

@@ -1,0 +1,184 @@
+"""Generation with a continuous-batching engine (vLLM-class): prefill, decode, KV-limited batching.
+
+Each of the `dp` engine instances (tp x pp devices) gets its share of the sequences. Their
+response lengths are the job's distribution at evenly spaced quantiles, in an interleaved
+order (a batch is a random mix of short and long answers), so the tail is there: the instance
+runs until its longest response is done, with a shrinking batch at the end.
+
+The engine admits sequences while fewer than MAX_NUM_SEQS run and their KV cache fits in what
+the weights leave of `gpu_memory_utilization` x HBM; when growing sequences would overflow it,
+the newest is preempted and later recomputed (vLLM's default preemption). Between two events
+(a sequence finishing or being admitted) the batch is fixed, so the decode time of the interval
+is the step time at its start and end, averaged, times its steps. A step reads the weights (the
+experts a batch touches, for MoE) and the batch's KV cache, computes its GEMMs and attention
+(roofline), all-reduces over tensor parallelism twice per layer, and pays the engine's per-step
+CPU overhead.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+from rpeg.errors import RpegError
+from rpeg.graph.job import LengthDistribution
+from rpeg.graph.layout import ParallelLayout
+from rpeg.graph.model import ModelSpec
+from rpeg.hardware.topology import Cluster
+from rpeg.perf import memory
+from rpeg.perf.collectives import Group, all_reduce_s
+from rpeg.perf.compute import BF16, head_forward, layer_forward
+from rpeg.perf.cost import StageCost
+from rpeg.perf.efficiency import DECODE_STEP_OVERHEAD_S, KV_MEMORY_UTILIZATION, Factor
+from rpeg.perf.flops import sequence_forward_flops
+
+MAX_NUM_SEQS = Factor(256, "vLLM's default cap on sequences in one batch (max_num_seqs)")
+_GOLDEN = (math.sqrt(5) - 1) / 2
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GenWorkload:
+    sequences: float  # per step, all instances
+    prompt_len: float
+    response: LengthDistribution
+    dtype: str = "bf16"
+
+
+def response_lengths(dist: LengthDistribution, n: int) -> list[float]:
+    """n lengths at quantiles (i + 0.5) / n, in a low-discrepancy (interleaved) order."""
+    qs = sorted(((i * _GOLDEN) % 1.0, i) for i in range(n))
+    return [max(1.0, round(dist.quantile((i + 0.5) / n))) for _, i in qs]
+
+
+class _StepModel:
+    """Decode-step time for a batch of `batch` sequences holding `context` KV tokens in total."""
+
+    def __init__(self, spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, dtype: str):
+        self.spec, self.layout, self.cluster, self.dtype = spec, layout, cluster, dtype
+        self.overhead = DECODE_STEP_OVERHEAD_S.value
+
+    def __call__(self, batch: float, context: float) -> tuple[float, float]:
+        """(seconds, of which TP communication)."""
+        spec, lay = self.spec, self.layout
+        pp = lay.pp
+        mb = max(batch / pp, 1e-9)  # pp groups of the batch in flight, each through every stage
+        ctx = context / pp
+        dense = spec.layers if not spec.is_moe else spec.dense_layers
+        moe = 0 if not spec.is_moe else spec.moe_layers
+        stage = 0.0
+        kw = dict(tokens=mb, context=ctx / max(mb, 1e-9), tp=lay.tp, ep=lay.ep, kv_read_tokens=ctx, dtype=self.dtype)
+        if dense:
+            stage += layer_forward(spec, self.cluster.device, moe_layer=False, **kw).seconds * dense / pp
+        if moe:
+            stage += layer_forward(spec, self.cluster.device, moe_layer=True, **kw).seconds * moe / pp
+        stage += head_forward(spec, self.cluster.device, tokens=mb, tp=lay.tp, dtype=self.dtype).seconds / pp
+        comm = 2 * spec.layers / pp * all_reduce_s(self.cluster, mb * spec.hidden * BF16, Group(lay.tp, 1))
+        return pp * (stage + comm) + self.overhead, pp * comm
+
+
+def _prefill_s(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, tokens: float, prompt: float,
+               dtype: str) -> float:
+    if tokens <= 0:
+        return 0.0
+    kw = dict(tokens=tokens / layout.pp, context=prompt / 2, tp=layout.tp, ep=layout.ep, dtype=dtype)
+    dense = spec.layers if not spec.is_moe else spec.dense_layers
+    t = layer_forward(spec, cluster.device, moe_layer=False, **kw).seconds * dense
+    if spec.is_moe:
+        t += layer_forward(spec, cluster.device, moe_layer=True, **kw).seconds * spec.moe_layers
+    t += head_forward(spec, cluster.device, tokens=tokens / layout.pp, tp=layout.tp, dtype=dtype).seconds
+    comm = 2 * spec.layers * all_reduce_s(cluster, tokens / layout.pp * spec.hidden * BF16, Group(layout.tp, 1))
+    return t + comm
+
+
+def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, *, n: int, prompt: float,
+                      lengths: list[float], capacity_tokens: float, dtype: str = "bf16") -> dict[str, float]:
+    """Run one engine instance over `n` sequences; returns seconds by part and counts."""
+    step = _StepModel(spec, layout, cluster, dtype)
+    queue = list(range(n))[::-1]  # pop() takes the next sequence in order
+    done_tokens = [0.0] * n  # generated so far (kept across preemption for the recompute prefill)
+    running: list[tuple[float, int]] = []  # heap of (finish at absolute decode step, seq)
+    held = 0.0  # KV tokens held by running sequences, at `now`
+    now = 0.0  # decode steps taken
+    decode_s = prefill_s = comm_s = overhead_s = 0.0
+    preemptions = 0
+    max_seqs = int(MAX_NUM_SEQS.value)
+    start_step: dict[int, float] = {}
+
+    while queue or running:
+        # admit
+        admitted_tokens = 0.0
+        while queue and len(running) < max_seqs:
+            i = queue[-1]
+            need = prompt + done_tokens[i] + 1
+            if running and held + need > capacity_tokens:
+                break
+            queue.pop()
+            start_step[i] = now
+            heapq.heappush(running, (now + lengths[i] - done_tokens[i], i))
+            held += need - 1
+            admitted_tokens += prompt + done_tokens[i]
+        prefill_s += _prefill_s(spec, layout, cluster, admitted_tokens, prompt, dtype)
+        if not running:
+            raise RpegError(f"one sequence of {prompt:.0f} + {max(lengths):.0f} tokens does not fit the KV cache "
+                            f"({capacity_tokens:.0f} tokens per engine)")
+        b = len(running)
+        # advance to the next finish, or until the KV cache is full
+        next_finish = running[0][0]
+        room = (capacity_tokens - held) / b
+        delta = max(1.0, min(next_finish - now, math.floor(room))) if room >= 1 else 1.0
+        ctx0 = held
+        ctx1 = held + b * delta
+        t0, c0 = step(b, ctx0)
+        t1, c1 = step(b, ctx1)
+        decode_s += delta * (t0 + t1) / 2
+        comm_s += delta * (c0 + c1) / 2
+        overhead_s += delta * step.overhead
+        now += delta
+        held = ctx1
+        # finish
+        while running and running[0][0] <= now + 1e-9:
+            _, i = heapq.heappop(running)
+            held -= prompt + lengths[i]
+            done_tokens[i] = lengths[i]
+        held = max(held, 0.0)
+        # preempt the newest while over capacity (vLLM recompute preemption)
+        while running and held > capacity_tokens and len(running) > 1:
+            newest = max(running, key=lambda x: start_step[x[1]])
+            running.remove(newest)
+            heapq.heapify(running)
+            i = newest[1]
+            done_tokens[i] += now - start_step[i]
+            held -= prompt + done_tokens[i]
+            queue.append(i)
+            preemptions += 1
+    return {"decode": decode_s - comm_s - overhead_s, "prefill": prefill_s, "tensor-parallel comm": comm_s,
+            "engine step overhead": overhead_s, "decode_steps": now, "preemptions": preemptions}
+
+
+def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Cluster,
+                    work: GenWorkload) -> StageCost:
+    instances = layout.dp
+    n = max(1, math.ceil(work.sequences / instances))
+    dev = cluster.device
+    capacity = memory.kv_capacity_tokens(spec, layout, dev.hbm_capacity_bytes,
+                                         memory_utilization=KV_MEMORY_UTILIZATION.value)
+    if capacity < work.prompt_len + work.response.max:
+        weights = memory.weight_bytes_per_device(spec, layout)
+        raise RpegError(f"generation of {spec.name} with tp={layout.tp} pp={layout.pp}: weights take "
+                        f"{weights / 1e9:.1f} GB of the {dev.hbm_capacity_bytes / 1e9:.0f} GB per device, leaving KV "
+                        f"room for {max(capacity, 0):.0f} tokens, less than one {work.prompt_len + work.response.max:.0f}"
+                        "-token sequence: out of memory")
+    lengths = response_lengths(work.response, n)
+    sim = simulate_instance(spec, layout, cluster, n=n, prompt=work.prompt_len, lengths=lengths,
+                            capacity_tokens=capacity, dtype=work.dtype)
+    parts = tuple((k, sim[k]) for k in ("prefill", "decode", "tensor-parallel comm", "engine step overhead"))
+    seconds = sum(v for _, v in parts)
+    flops = work.sequences * work.response.expect(lambda r: sequence_forward_flops(spec, work.prompt_len + r))
+    weights = memory.weight_bytes_per_device(spec, layout)
+    kv_bytes = KV_MEMORY_UTILIZATION.value * dev.hbm_capacity_bytes - weights
+    return StageCost(stage=name, seconds=seconds, compute_s=sim["prefill"], memory_s=sim["decode"],
+                     comm_s=sim["tensor-parallel comm"], overhead_s=sim["engine step overhead"], flops=flops,
+                     peak_memory_bytes=weights + kv_bytes, capacity_bytes=dev.hbm_capacity_bytes,
+                     memory_parts=(("weights", weights), ("kv_cache", kv_bytes)), devices=layout.devices,
+                     microbatches=n * instances, parts=parts)

@@ -1,0 +1,66 @@
+"""stage_cost: the cost of one stage of a planned graph (placed, with a parallel layout)."""
+
+from __future__ import annotations
+
+from rpeg.errors import RpegError
+from rpeg.graph import Graph, Kind, Stage
+from rpeg.hardware.topology import Cluster
+from rpeg.perf.cost import StageCost
+from rpeg.perf.efficiency import Factor
+from rpeg.perf.generation import GenWorkload, generation_cost
+from rpeg.perf.training import PassWorkload, pass_cost
+from rpeg.perf.weightsync import weight_sync_cost
+
+PACKED_TOKENS = Factor(1.0, "sequence packing fills a training or logprob micro-batch up to one maximum-length "
+                            "sequence of tokens (NeMo-RL's and verl's default token budget per micro-batch)")
+
+
+def attention_context(graph: Graph) -> float:
+    """Mean keys per query of causal attention over the job's sequences: E[s^2] / (2 E[s])."""
+    p = graph.job.prompt_len
+    resp = graph.job.response
+    e_s = p + resp.mean
+    e_s2 = resp.expect(lambda r: (p + r) ** 2)
+    return e_s2 / (2 * e_s)
+
+
+def _pass_workload(graph: Graph, stage: Stage, *, train: bool) -> PassWorkload:
+    job = graph.job
+    seqs = graph.stage_sequences(stage)
+    mean = job.mean_seq_len
+    micro = max(1.0, PACKED_TOKENS.value * job.max_seq_len / mean)
+    steps = job.ppo_epochs * job.mini_batches if train else 1
+    per_step = seqs / job.mini_batches if train else seqs
+    value_head = train and "value" in graph.model(stage.model).heads
+    return PassWorkload(sequences=per_step, seq_len=mean, attention_context=attention_context(graph),
+                        micro_batch=micro, optimizer_steps=steps, forward_only=not train, value_head=value_head)
+
+
+def stage_cost(graph: Graph, stage: Stage, cluster: Cluster) -> StageCost:
+    if stage.kind in (Kind.COMPUTE,) or (stage.kind is Kind.REWARD and stage.model is None):
+        return StageCost(stage=stage.name, seconds=0.0, parts=(("host-side, negligible", 0.0),))
+    if stage.kind is Kind.SYNC:
+        return _sync_cost(graph, stage, cluster)
+    if stage.layout is None:
+        raise RpegError(f"stage {stage.name!r} has no parallel layout: apply parallelize(stage={stage.name!r}, ...)")
+    spec = graph.model(stage.model).spec
+    if stage.kind is Kind.GENERATE:
+        work = GenWorkload(sequences=graph.stage_sequences(stage), prompt_len=graph.job.prompt_len,
+                           response=graph.job.response)
+        return generation_cost(stage.name, spec, stage.layout, cluster, work)
+    return pass_cost(stage.name, spec, stage.layout, cluster,
+                     _pass_workload(graph, stage, train=stage.kind is Kind.TRAIN))
+
+
+def _sync_cost(graph: Graph, stage: Stage, cluster: Cluster) -> StageCost:
+    train = next(s for s in graph.stages if s.kind is Kind.TRAIN and s.model == stage.model)
+    gens = [s for s in graph.stages if s.kind is Kind.GENERATE and s.model == stage.model]
+    if not gens:
+        return StageCost(stage=stage.name, seconds=0.0)
+    gen = gens[0]
+    if train.layout is None or gen.layout is None:
+        raise RpegError(f"stage {stage.name!r} needs the layouts of {train.name!r} and {gen.name!r}")
+    tg, gg = graph.group(train.group), graph.group(gen.group)
+    colocated = tg.overlaps(gg)
+    return weight_sync_cost(stage.name, graph.model(stage.model).spec, train.layout, gen.layout, cluster,
+                            colocated=colocated, separation=0 if colocated else abs(gg.first - tg.first))

@@ -1,0 +1,166 @@
+"""A whole step: every stage's cost, the schedule of one step, and the steady-state step time.
+
+Synchronous plans (k = 0): stages run in dependency order; stages whose device groups overlap
+take turns (a colocated plan runs generation, inference and training one after another and pays
+a context switch); streamed edges let a consumer start after the producer's first micro-batch.
+The step time is the makespan.
+
+Bounded asynchrony (k >= 1): generation of step t + 1 needs only the weights of step t - k, so
+stages on disjoint devices overlap across steps. The steady-state step time is the larger of
+(a) the busiest device group's work per step (the weight sync counts on both sides: the engine
+pauses while new weights arrive) and (b) the dependency cycle generation -> ... -> training ->
+sync -> generation, which spans 1 + k steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rpeg.errors import RpegError
+from rpeg.graph import Graph, Kind
+from rpeg.hardware.topology import Cluster
+from rpeg.perf.cost import StageCost
+from rpeg.perf.stages import stage_cost
+from rpeg.perf.weightsync import context_switch_cost
+
+SWITCH = "context_switch"
+
+
+@dataclass(frozen=True, slots=True)
+class StepPrediction:
+    step_s: float
+    stages: dict[str, StageCost]
+    schedule: dict[str, tuple[float, float]]  # one synchronous step: stage -> (start, end)
+    group_busy_s: dict[str, float]
+    bottleneck: str
+    sequences: float
+    tokens: float  # prompt + response tokens per step
+    gpus: int
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def fits(self) -> bool:
+        return all(c.fits for c in self.stages.values())
+
+    @property
+    def oom(self) -> list[StageCost]:
+        return [c for c in self.stages.values() if not c.fits]
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens / self.step_s / self.gpus if self.step_s > 0 else 0.0
+
+
+def predict_step(graph: Graph, cluster: Cluster) -> StepPrediction:
+    if not graph.groups:
+        raise RpegError("the plan places no stage on devices: apply place(...) or colocate(...) first")
+    gpus = max(g.first + g.count for g in graph.groups)
+    cluster = cluster.with_gpus(gpus) if not cluster.gpus or cluster.gpus < gpus else cluster
+    costs = {s.name: stage_cost(graph, s, cluster) for s in graph.stages}
+    switch = _context_switch(graph)
+    if switch is not None:
+        costs[SWITCH] = switch[1]
+    schedule = _schedule(graph, costs, switch[0] if switch else None)
+    makespan = max(end for _, end in schedule.values())
+    busy = _group_busy(graph, costs)
+    if graph.async_bound == 0:
+        step_s = makespan
+        bottleneck = "the dependency chain of one step (synchronous)"
+    else:
+        group, load = max(busy.items(), key=lambda kv: kv[1])
+        cycle = makespan / (1 + graph.async_bound)
+        step_s = max(load, cycle)
+        bottleneck = (f"device group {group!r} ({load:.1f} s of work per step)" if load >= cycle
+                      else f"the generation -> training -> sync cycle over {1 + graph.async_bound} steps")
+    job = graph.job
+    return StepPrediction(step_s=step_s, stages=costs, schedule=schedule, group_busy_s=busy, bottleneck=bottleneck,
+                          sequences=job.sequences, tokens=job.sequences * job.mean_seq_len, gpus=gpus)
+
+
+def _context_switch(graph: Graph) -> tuple[str, StageCost] | None:
+    """A colocated plan (generation sharing devices with training) switches twice per step."""
+    train = next((s for s in graph.stages if s.kind is Kind.TRAIN and s.model == "actor"), None)
+    gen = next((s for s in graph.stages if s.kind is Kind.GENERATE), None)
+    if train is None or gen is None or train.layout is None:
+        return None
+    if not graph.group(train.group).overlaps(graph.group(gen.group)):
+        return None
+    return gen.name, context_switch_cost(SWITCH, graph.model("actor").spec, train.layout)
+
+
+def _devices(graph: Graph, name: str) -> set[int]:
+    s = graph.stage(name)
+    if s.kind is Kind.SYNC:  # spans the training and generation groups it connects
+        groups = {x.group for x in graph.stages if x.model == s.model and x.kind in (Kind.TRAIN, Kind.GENERATE)}
+        return {d for g in groups if g for d in graph.group(g).devices}
+    return set(graph.group(s.group).devices) if s.group else set()
+
+
+def _schedule(graph: Graph, costs: dict[str, StageCost], switch_after: str | None) -> dict[str, tuple[float, float]]:
+    """List-schedule one step: dependency order, devices shared in turn, fused stages together."""
+    preds = graph.predecessors()
+    train = {s.model: s.name for s in graph.stages if s.kind is Kind.TRAIN}
+    for s in graph.stages:  # a sync follows the training it ships
+        if s.kind is Kind.SYNC and s.model in train:
+            preds[s.name].add(train[s.model])
+    streams = {(st.producer, st.consumer): st.microbatches for st in graph.streams}
+    fused = {n: g for g in graph.fusion for n in g}
+    free: dict[int, float] = {}
+    times: dict[str, tuple[float, float]] = {}
+    order = _order(preds, graph.stage_names)
+    for name in order:
+        if name in times:
+            continue
+        members = fused.get(name, (name,))
+        start, floor = 0.0, 0.0
+        for m in members:
+            for p in preds[m]:
+                if p in members:
+                    continue
+                ps, pf = times[p]
+                k = streams.get((p, m))
+                if k:
+                    start = max(start, ps + (pf - ps) / k)
+                    floor = max(floor, pf + costs[m].seconds / k)
+                else:
+                    start = max(start, pf)
+        devs = set().union(*(_devices(graph, m) for m in members))
+        start = max([start] + [free.get(d, 0.0) for d in devs])
+        dur = max(costs[m].seconds for m in members)
+        end = max(start + dur, floor)
+        for m in members:
+            times[m] = (start, end)
+        for d in devs:
+            free[d] = end
+        if switch_after in members and SWITCH in costs:
+            s_end = end + costs[SWITCH].seconds
+            times[SWITCH] = (end, s_end)
+            for d in devs:
+                free[d] = s_end
+    return times
+
+
+def _order(preds: dict[str, set[str]], names: tuple[str, ...]) -> list[str]:
+    done: list[str] = []
+    while len(done) < len(names):
+        nxt = next((n for n in names if n not in done and preds[n] <= set(done)), None)
+        if nxt is None:
+            raise RpegError("the plan's stages depend on each other in a cycle")
+        done.append(nxt)
+    return done
+
+
+def _group_busy(graph: Graph, costs: dict[str, StageCost]) -> dict[str, float]:
+    busy: dict[str, float] = {}
+    for grp in graph.groups:
+        devs = set(grp.devices)
+        total = 0.0
+        for s in graph.stages:
+            if _devices(graph, s.name) & devs:
+                total += costs[s.name].seconds
+        if SWITCH in costs:
+            gen = next(s for s in graph.stages if s.kind is Kind.GENERATE)
+            if set(graph.group(gen.group).devices) & devs:
+                total += costs[SWITCH].seconds
+        busy[grp.name] = total
+    return busy

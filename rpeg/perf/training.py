@@ -1,0 +1,173 @@
+"""Training and forward-only (logprob / value / reward) passes under DP/TP/PP/CP/EP.
+
+Megatron-style schedule: micro-batches through a 1F1B pipeline (Narayanan et al. 2021, arXiv
+2104.04473): time = (m + (pp - 1) / v) x (forward + backward of one micro-batch on one stage),
+v the interleaving. Per layer and micro-batch: the compute of `compute.layer_forward`, backward
+twice the forward, recomputation per `recompute`; tensor-parallel all-reduces (or all-gather +
+reduce-scatter with sequence parallelism, the same bytes) twice in the forward and twice in the
+backward, not overlapped (Megatron-LM's default); context-parallel KV exchange overlapped with
+attention; expert-parallel all-to-all twice each way; pipeline sends of the activations at each
+stage boundary. After the last micro-batch: the gradient reduction over data parallelism, partly
+overlapped, and the optimizer step, which is memory-bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rpeg.graph.layout import ParallelLayout
+from rpeg.graph.model import ModelSpec
+from rpeg.hardware.topology import Cluster
+from rpeg.perf import memory
+from rpeg.perf.collectives import Group, all_reduce_s, all_to_all_s, p2p_s, reduce_scatter_s, all_gather_s
+from rpeg.perf.compute import BF16, LayerTime, head_forward, layer_forward
+from rpeg.perf.cost import StageCost
+from rpeg.perf.efficiency import DP_OVERLAP, HBM, KERNEL_LAUNCH_S, KERNELS_PER_LAYER, OPTIMIZER_BYTES_PER_PARAM
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PassWorkload:
+    """What a training or forward pass processes per step (global, all data-parallel ranks).
+
+    sequences: per optimizer step; seq_len: mean tokens per sequence; attention_context: mean
+    keys per query (E[s^2] / (2 E[s]) for causal attention over packed sequences of length s);
+    micro_batch: sequences per micro-batch; optimizer_steps: epochs x mini-batches (forward-only
+    passes: the number of passes over `sequences`)."""
+
+    sequences: float
+    seq_len: float
+    attention_context: float
+    micro_batch: float = 1
+    optimizer_steps: int = 1
+    forward_only: bool = False
+    dtype: str = "bf16"
+    value_head: bool = False
+    flash_attention: bool = True
+
+
+def _layer_mix(spec: ModelSpec) -> tuple[float, float]:
+    """(dense layers, MoE layers) of the model."""
+    return (float(spec.layers), 0.0) if not spec.is_moe else (float(spec.dense_layers), float(spec.moe_layers))
+
+
+def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, work: PassWorkload,
+              first_device: int = 0) -> StageCost:
+    dp, tp, pp, cp, ep, v = layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, layout.pp_interleave
+    dev = cluster.device
+    seqs_per_rank = work.sequences / dp
+    m = max(1, math.ceil(seqs_per_rank / work.micro_batch))
+    mb_seqs = seqs_per_rank / m
+    tokens = mb_seqs * work.seq_len / cp  # per device, per micro-batch
+    ctx = work.attention_context  # ring attention: each rank's queries see the whole context over the ring
+    dense_l, moe_l = _layer_mix(spec)
+    layers_per_stage = layout.layers_per_stage(spec.layers) / v  # per virtual stage; v of them per rank
+    share = layers_per_stage * v / spec.layers  # this rank's share of each kind of layer
+    kw = dict(tokens=tokens, context=ctx, tp=tp, ep=ep, sp=layout.sequence_parallel, dtype=work.dtype,
+              flash_attention=work.flash_attention)
+    fwd = LayerTime(0, 0, 0, 0, 0)
+    if dense_l:
+        fwd = fwd + layer_forward(spec, dev, moe_layer=False, **kw).scaled(dense_l * share)
+    if moe_l:
+        fwd = fwd + layer_forward(spec, dev, moe_layer=True, **kw).scaled(moe_l * share)
+    head = head_forward(spec, dev, tokens=tokens, tp=tp, dtype=work.dtype)
+    layers_per_stage *= v
+    launch = KERNEL_LAUNCH_S.value * KERNELS_PER_LAYER * layers_per_stage
+
+    # communication per micro-batch on one stage
+    act_bytes = tokens * spec.hidden * BF16
+    tp_group = Group(tp, 1)
+    tp_one = all_reduce_s(cluster, act_bytes, tp_group)  # = all-gather + reduce-scatter with SP
+    tp_fwd = 2 * tp_one * layers_per_stage
+    cp_fwd = 0.0
+    if cp > 1:
+        kv_local = tokens * 2 * spec.kv_elements_per_token() / spec.layers / 2 * BF16 / max(1, min(tp, spec.kv_heads))
+        ring = (cp - 1) * p2p_s(cluster, kv_local, tp)
+        cp_fwd = max(0.0, ring - fwd.attention_s / layers_per_stage) * layers_per_stage
+    ep_fwd = 0.0
+    if moe_l and ep > 1:
+        routed = tokens * spec.experts_per_token * spec.hidden * BF16
+        ep_fwd = 2 * all_to_all_s(cluster, routed, Group(ep, 1)) * moe_l * share
+
+    if work.forward_only:
+        compute = fwd.seconds + head.seconds + launch
+        comm = tp_fwd + cp_fwd + ep_fwd
+        per_mb = compute + comm
+        recompute_s = 0.0
+    else:
+        rec = {"full": fwd.seconds + tp_fwd + ep_fwd, "selective": fwd.attention_s, "none": 0.0}[layout.recompute]
+        recompute_s = rec
+        compute = 3 * (fwd.seconds + head.seconds) + 3 * launch
+        comm = 2 * (tp_fwd + cp_fwd + ep_fwd)
+        per_mb = compute + comm + recompute_s
+    p2p = 0.0
+    if pp > 1:
+        boundary = p2p_s(cluster, act_bytes / (tp if layout.sequence_parallel else 1), tp * cp * dp)
+        p2p = (1 if work.forward_only else 2) * boundary * v
+    per_mb += p2p
+    bubble_mbs = (pp - 1) / v
+    pipeline_s = (m + bubble_mbs) * per_mb
+
+    # after the micro-batches: gradient reduction and optimizer
+    dp_s = opt_s = 0.0
+    params_dev = memory.params_per_device(spec, layout)
+    if not work.forward_only:
+        dense_params, expert_params = _split_params(spec, layout, params_dev)
+        grad_bytes = 4.0  # fp32 main gradients
+        dp_group = Group(dp * cp, tp)
+        if layout.zero >= 1:
+            sync = reduce_scatter_s(cluster, dense_params * grad_bytes, dp_group) + all_gather_s(
+                cluster, dense_params * BF16, dp_group)
+        else:
+            sync = all_reduce_s(cluster, dense_params * grad_bytes, dp_group)
+        if expert_params:
+            edp = max(1, dp * cp * tp // ep)
+            sync += all_reduce_s(cluster, expert_params * grad_bytes, Group(edp, ep))
+        exposed = 1.0 if m == 1 else (1 - DP_OVERLAP.value)
+        dp_s = sync * exposed
+        if layout.zero == 3:  # parameters gathered before each micro-batch's forward and backward
+            gather = all_gather_s(cluster, params_dev * BF16 * dp, Group(dp, tp * cp))
+            dp_s += max(0.0, 2 * m * gather - pipeline_s) + gather
+        shard = dp if layout.zero >= 1 else 1
+        opt_s = params_dev / shard * OPTIMIZER_BYTES_PER_PARAM.value / (
+            dev.hbm_bandwidth_bytes_per_s * HBM[dev.kind].value)
+    per_step = pipeline_s + dp_s + opt_s
+    steps = work.optimizer_steps
+    total = per_step * steps
+
+    devices = layout.devices
+    flops_dev = (fwd.flops + head.flops) * (1 if work.forward_only else 3) * m
+    if not work.forward_only and layout.recompute == "full":
+        flops_dev += fwd.flops * m
+    if work.forward_only:
+        mem = memory.inference_memory(spec, layout, seq_len=work.seq_len, micro_batch=mb_seqs)
+    else:
+        mem = memory.training_memory(spec, layout, seq_len=work.seq_len, micro_batch=mb_seqs,
+                                     value_head=work.value_head)
+    bubble_s = bubble_mbs * per_mb * steps
+    comm_s = (m * (comm + p2p) + dp_s) * steps
+    compute_s = (m * (compute + recompute_s)) * steps
+    parts = (("compute", m * (compute - (3 if not work.forward_only else 1) * launch + recompute_s) * steps),
+             ("kernel launches", m * (3 if not work.forward_only else 1) * launch * steps),
+             ("tensor-parallel comm", m * tp_fwd * (1 if work.forward_only else 2) * steps),
+             ("context-parallel comm", m * cp_fwd * (1 if work.forward_only else 2) * steps),
+             ("expert-parallel comm", m * ep_fwd * (1 if work.forward_only else 2) * steps),
+             ("pipeline sends", m * p2p * steps),
+             ("pipeline bubble", bubble_s),
+             ("gradient sync", dp_s * steps),
+             ("optimizer", opt_s * steps))
+    return StageCost(stage=name, seconds=total, compute_s=compute_s, memory_s=opt_s * steps, comm_s=comm_s,
+                     overhead_s=bubble_s, flops=flops_dev * devices * steps / max(1, 1),
+                     bytes=(fwd.bytes + head.bytes) * m * devices * steps,
+                     peak_memory_bytes=mem.total, capacity_bytes=dev.hbm_capacity_bytes,
+                     memory_parts=mem.parts(), devices=devices, microbatches=m * steps,
+                     parts=tuple(p for p in parts if p[1] > 0))
+
+
+def _split_params(spec: ModelSpec, layout: ParallelLayout, params_dev: float) -> tuple[float, float]:
+    """(dense, expert) parameters on one device."""
+    if not spec.is_moe:
+        return params_dev, 0.0
+    expert_total = spec.moe_layers * spec.experts * spec.mlp_params(spec.moe_ffn)
+    expert_dev = expert_total / layout.ep / layout.pp
+    return max(0.0, params_dev - expert_dev), expert_dev

@@ -1,0 +1,60 @@
+"""Weight sync from the training layout to the generation layout, and colocation switches.
+
+Colocated (verl's 3D-HybridEngine, NeMo-RL's refit, DeepSpeed-Chat's hybrid engine): every
+generation device assembles its tensor-parallel shard (weights / tp_gen) from the training
+shards of the model-parallel group it sits in — an all-gather over the training tp x pp group —
+then copies it into the engine. Disaggregated: the training shards are sent to the generation
+devices over the links between the groups (all shard holders send in parallel, each at its
+device's bandwidth across the level separating the groups), then broadcast among the
+generation instances.
+
+A context switch is what colocation costs besides the sync: while the engine generates, the
+trainer's state (bf16 weights, fp32 gradients, optimizer state) is moved to host memory and
+back afterwards, over the host link.
+"""
+
+from __future__ import annotations
+
+from rpeg.graph.layout import ParallelLayout
+from rpeg.graph.model import ModelSpec
+from rpeg.hardware.topology import Cluster
+from rpeg.perf import memory
+from rpeg.perf.collectives import Group, all_gather_s, broadcast_s
+from rpeg.perf.compute import BF16
+from rpeg.perf.cost import StageCost
+from rpeg.perf.efficiency import HBM, HOST_LINK_BYTES_PER_S, link_efficiency
+
+
+def weight_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: ParallelLayout, cluster: Cluster, *,
+                     colocated: bool, separation: int) -> StageCost:
+    """`separation`: device-id distance between the training and generation groups (0 when colocated)."""
+    total = spec.params_total() * BF16
+    shard = total / gen.tp / gen.pp
+    dev = cluster.device
+    copy_s = shard / (dev.hbm_bandwidth_bytes_per_s * HBM[dev.kind].value)
+    mp = train.tp * train.pp * train.ep
+    if colocated:
+        gather_s = all_gather_s(cluster, shard, Group(min(mp, cluster.gpus_per_node), 1))
+        if mp > cluster.gpus_per_node:  # pipeline stages on other nodes
+            gather_s += all_gather_s(cluster, shard, Group(mp // cluster.gpus_per_node, cluster.gpus_per_node))
+        parts = (("gather shards", gather_s), ("copy into engine", copy_s))
+    else:
+        span = cluster.span(2, max(1, separation))
+        link = span.level.effective_bandwidth_bytes_per_s * link_efficiency(span.level.link)
+        senders = max(1, min(mp, gen.tp * gen.pp))
+        send_s = total / (senders * link) + span.level.latency_s
+        fan_out = broadcast_s(cluster, shard, Group(gen.dp, gen.tp * gen.pp))
+        parts = (("send to generation", send_s), ("broadcast to instances", fan_out), ("copy into engine", copy_s))
+    seconds = sum(v for _, v in parts)
+    return StageCost(stage=name, seconds=seconds, comm_s=seconds - copy_s, memory_s=copy_s,
+                     bytes=total * gen.dp, devices=gen.devices, parts=parts)
+
+
+def context_switch_cost(name: str, spec: ModelSpec, train: ParallelLayout) -> StageCost:
+    """Offload the trainer's state to host before generation and reload it after."""
+    params = memory.params_per_device(spec, train)
+    shard = train.dp if train.zero >= 1 else 1
+    state = params * (BF16 + 4) + params * 12 / shard  # weights, fp32 grads, optimizer
+    seconds = 2 * state / HOST_LINK_BYTES_PER_S.value
+    return StageCost(stage=name, seconds=seconds, memory_s=seconds, bytes=2 * state * train.devices,
+                     devices=train.devices, parts=(("offload and reload trainer state", seconds),))

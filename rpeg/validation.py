@@ -1,0 +1,215 @@
+"""Check the performance model against published measurements (`rpeg validate FILE.yaml`).
+
+Reads any file of the schema of shared/validation/published.yaml: `models` (ModelSpec fields),
+`training` entries (Megatron-LM iterations) and `rl` entries (whole RL steps), predicts each with
+the one global set of efficiency factors, and reports predicted vs measured.
+
+Assumptions the schema leaves open, the same for every entry:
+- Megatron-LM 2022 training entries ran unfused attention (their Table 5 predates FlashAttention
+  in Megatron), fp16, with the distributed optimizer off (dp = 1 in every row).
+- RL entries: GRPO as the file describes it (generation, policy logprobs, training, refit; no
+  reference model), Megatron's distributed optimizer (ZeRO-1) for training, one vLLM engine per
+  `generation.tp x pp` devices. Prompt length PROMPT_TOKENS; response lengths log-normal with the
+  entry's mean, truncated at its max, shape RESPONSE_SIGMA.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from rpeg.algorithms import Models, build_graph
+from rpeg.errors import RpegError
+from rpeg.graph import Job, LengthDistribution, ModelSpec, ParallelLayout, get_model
+from rpeg.graph.serde import from_data, read_yaml_file
+from rpeg.hardware import load_cluster
+from rpeg.passes import bound_asynchrony, parallelize, place
+from rpeg.perf.cost import StageCost
+from rpeg.perf.efficiency import Factor
+from rpeg.perf.step import predict_step
+from rpeg.perf.training import PassWorkload, pass_cost
+
+PROMPT_TOKENS = Factor(150, "OpenMathInstruct-2 problems (GSM8K/MATH-style statements of ~100 words) plus a chat "
+                            "template: about 150 tokens")
+RESPONSE_SIGMA = Factor(0.8, "log-normal shape of reasoning-response lengths: the p90/p50 ratio of about 2.8 seen "
+                             "in published GRPO length histograms")
+
+TRAIN_KEYS = {"id", "system", "model", "gpus", "tp", "pp", "dp", "cp", "ep", "global_batch", "micro_batch", "seq",
+              "recompute", "pp_interleave", "measured_iteration_s", "sequence_parallel", "notes", "source"}
+RL_KEYS = {"id", "system", "model", "gpus", "gpus_per_node", "gen_gpus", "prompts", "samples_per_prompt",
+           "train_global_batch", "max_seq_len", "mean_seq_len", "async_bound", "colocated", "generation", "training",
+           "measured", "notes", "source", "algorithm", "prompt_len"}
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    id: str
+    kind: str  # training | rl
+    predicted: float
+    measured: float
+    parts: tuple[tuple[str, float], ...]
+    note: str = ""
+
+    @property
+    def error(self) -> float:
+        return (self.predicted - self.measured) / self.measured
+
+
+def _models(data: Any, source: str) -> dict[str, ModelSpec]:
+    models = {}
+    for name, dims in (data or {}).items():
+        if not isinstance(dims, dict):
+            raise RpegError(f"{source}: models.{name}: expected a mapping of dimensions")
+        d = dict(dims)
+        if d.get("ffn_act") == "gelu":  # GPT/Megatron models: LayerNorm, biases, tied embeddings
+            d.setdefault("norm", "layernorm")
+            d.setdefault("linear_bias", True)
+            d.setdefault("tied_embeddings", True)
+        models[name.lower()] = from_data(ModelSpec, {"name": name, **d}, f"{source}: models.{name}")
+    return models
+
+
+def _model(name: str, models: dict[str, ModelSpec]) -> ModelSpec:
+    return models.get(str(name).lower()) or get_model(str(name))
+
+
+def _check_keys(entry: dict, allowed: set[str], where: str) -> None:
+    unknown = sorted(set(entry) - allowed)
+    if unknown:
+        raise RpegError(f"{where}: unknown key {unknown[0]!r}")
+
+
+def _need(entry: dict, key: str, where: str, kind=int) -> Any:
+    if key not in entry:
+        raise RpegError(f"{where}: missing {key!r}")
+    value = entry[key]
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise RpegError(f"{where}.{key}: expected an integer, got {value!r}")
+    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise RpegError(f"{where}.{key}: expected a number, got {value!r}")
+    return value
+
+
+def predict_training(entry: dict, models: dict[str, ModelSpec], where: str) -> Result:
+    _check_keys(entry, TRAIN_KEYS, where)
+    spec = _model(_need(entry, "model", where, str), models)
+    tp, pp, dp = (_need(entry, k, where) for k in ("tp", "pp", "dp"))
+    cp, ep = entry.get("cp", 1), entry.get("ep", 1)
+    gpus = _need(entry, "gpus", where)
+    if tp * pp * dp * cp != gpus:
+        raise RpegError(f"{where}: tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} = {tp * pp * dp * cp} != gpus = {gpus}")
+    recompute = entry.get("recompute", "none")
+    layout = ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, recompute=recompute,
+                            sequence_parallel=entry.get("sequence_parallel", recompute == "selective" and tp > 1),
+                            pp_interleave=entry.get("pp_interleave", 1), pp_uneven=bool(spec.layers % pp))
+    cluster = load_cluster(_need(entry, "system", where, str), gpus)
+    seq = _need(entry, "seq", where)
+    work = PassWorkload(sequences=_need(entry, "global_batch", where), seq_len=seq, attention_context=(seq + 1) / 2,
+                        micro_batch=_need(entry, "micro_batch", where), dtype="fp16", flash_attention=False)
+    cost = pass_cost(entry["id"], spec, layout, cluster, work)
+    return Result(entry["id"], "training", cost.seconds, _need(entry, "measured_iteration_s", where, float),
+                  cost.parts)
+
+
+def rl_graph(entry: dict, models: dict[str, ModelSpec], where: str):
+    _check_keys(entry, RL_KEYS, where)
+    spec = _model(_need(entry, "model", where, str), models)
+    gpus = _need(entry, "gpus", where)
+    prompts, samples = _need(entry, "prompts", where), _need(entry, "samples_per_prompt", where)
+    sequences = prompts * samples
+    tgb = entry.get("train_global_batch", sequences)
+    if sequences % tgb:
+        raise RpegError(f"{where}: train_global_batch {tgb} does not divide the {sequences} sequences per step")
+    max_len, mean_len = _need(entry, "max_seq_len", where), _need(entry, "mean_seq_len", where, float)
+    prompt = entry.get("prompt_len", min(PROMPT_TOKENS.value, mean_len / 4))
+    response = LengthDistribution(kind="lognormal", mean=mean_len - prompt, max=int(max_len - prompt),
+                                  sigma=RESPONSE_SIGMA.value)
+    job = Job(prompts=prompts, samples_per_prompt=samples, prompt_len=int(prompt), response=response,
+              ppo_epochs=1, mini_batches=sequences // tgb)
+    g = build_graph(entry.get("algorithm", "grpo"), job, Models(actor=spec), kl_coef=0.0)
+    k = entry.get("async_bound", 0)
+    g = bound_asynchrony(g, k)
+    colocated = entry.get("colocated", k == 0)
+    gen, train = entry.get("generation") or {}, entry.get("training") or {}
+    if colocated:
+        groups, gen_gpus, train_gpus = {"all": gpus}, gpus, gpus
+        assign = {s.name: "all" for s in g.stages if s.group is None and s.kind.value != "sync"}
+    else:
+        gen_gpus = _need(entry, "gen_gpus", where)
+        train_gpus = gpus - gen_gpus
+        if train_gpus <= 0:
+            raise RpegError(f"{where}: gen_gpus = {gen_gpus} leaves no training devices of {gpus}")
+        groups = {"generation": gen_gpus, "training": train_gpus}
+        assign = {s.name: ("generation" if s.kind.value == "generate" else "training")
+                  for s in g.stages if s.kind.value != "sync"}
+    g = place(g, groups, assign)
+    gtp, gpp, gep = gen.get("tp", 1), gen.get("pp", 1), gen.get("ep", 1)
+    if gen_gpus % (gtp * gpp):
+        raise RpegError(f"{where}: generation tp*pp = {gtp}*{gpp} does not divide its {gen_gpus} devices")
+    g = parallelize(g, "generate", dp=gen_gpus // (gtp * gpp), tp=gtp, pp=gpp, ep=gep, pp_uneven=bool(spec.layers % gpp))
+    ttp, tpp, tcp, tep = train.get("tp", 1), train.get("pp", 1), train.get("cp", 1), train.get("ep", 1)
+    if train_gpus % (ttp * tpp * tcp):
+        raise RpegError(f"{where}: training tp*pp*cp = {ttp}*{tpp}*{tcp} does not divide its {train_gpus} devices")
+    tdp = train_gpus // (ttp * tpp * tcp)
+    lay = dict(dp=tdp, tp=ttp, pp=tpp, cp=tcp, ep=tep, sequence_parallel=bool(train.get("sequence_parallel", False))
+               and ttp > 1, pp_uneven=bool(spec.layers % tpp))
+    for s in g.stages:
+        if s.kind.value in ("infer", "train") or (s.kind.value == "reward" and s.model):
+            extra = {"zero": 1, "recompute": train.get("recompute", "none")} if s.kind.value == "train" else {}
+            g = parallelize(g, s.name, **lay, **extra)
+    return g, load_cluster(_need(entry, "system", where, str), gpus)
+
+
+def predict_rl(entry: dict, models: dict[str, ModelSpec], where: str) -> Result:
+    g, cluster = rl_graph(entry, models, where)
+    pred = predict_step(g, cluster)
+    measured = entry.get("measured") or {}
+    step = measured.get("step_s")
+    if not isinstance(step, (int, float)):
+        raise RpegError(f"{where}.measured.step_s: expected a number")
+    parts = tuple((name, c.seconds) for name, c in pred.stages.items() if c.seconds > 0)
+    note = "" if pred.fits else "OOM: " + ", ".join(c.stage for c in pred.oom)
+    return Result(entry["id"], "rl", pred.step_s, float(step), parts, note)
+
+
+def validate_file(path: str, progress=None) -> list[Result]:
+    data = read_yaml_file(path)
+    if not isinstance(data, dict):
+        raise RpegError(f"{path}: expected a mapping with models, training and rl")
+    unknown = sorted(set(data) - {"models", "training", "rl"})
+    if unknown:
+        raise RpegError(f"{path}: unknown top-level key {unknown[0]!r} (models, training, rl)")
+    models = _models(data.get("models"), path)
+    results = []
+    entries = [("training", i, e) for i, e in enumerate(data.get("training") or [])] + [
+        ("rl", i, e) for i, e in enumerate(data.get("rl") or [])]
+    for kind, i, entry in entries:
+        where = f"{path}: {kind}[{i}]" + (f" ({entry.get('id')})" if isinstance(entry, dict) else "")
+        if not isinstance(entry, dict) or "id" not in entry:
+            raise RpegError(f"{where}: expected a mapping with an id")
+        try:
+            results.append(predict_training(entry, models, where) if kind == "training"
+                           else predict_rl(entry, models, where))
+        except RpegError as e:
+            msg = str(e)
+            raise RpegError(msg if msg.startswith(path) else f"{where}: {msg}") from None
+        if progress:
+            progress(len(results), len(entries))
+    return results
+
+
+def mape(results: list[Result]) -> float:
+    return sum(abs(r.error) for r in results) / len(results) if results else math.nan
+
+
+def summary(results: list[Result]) -> dict[str, float]:
+    out = {"all": mape(results)}
+    for kind in ("training", "rl"):
+        sub = [r for r in results if r.kind == kind]
+        if sub:
+            out[kind] = mape(sub)
+    return out
+
+
+__all__ = ["Result", "StageCost", "mape", "predict_rl", "predict_training", "rl_graph", "summary", "validate_file"]
