@@ -7,9 +7,9 @@ the one global set of efficiency factors, and reports predicted vs measured.
 Assumptions the schema leaves open, the same for every entry:
 - Megatron-LM 2022 training entries ran unfused attention (their Table 5 predates FlashAttention
   in Megatron), fp16, with the distributed optimizer off (dp = 1 in every row).
-- RL entries: GRPO as the file describes it (generation, policy logprobs, training, refit; no
-  reference model), Megatron's distributed optimizer (ZeRO-1) for training, one vLLM engine per
-  `generation.tp x pp` devices. Prompt length PROMPT_TOKENS; response lengths log-normal with the
+- RL entries: GRPO as NeMo-RL runs it: generation, policy logprobs, reference logprobs (its GRPO
+  default reference_policy_kl_penalty is 0.01), training, refit; Megatron's distributed optimizer
+  (ZeRO-1) for training; one vLLM engine per `generation.tp x pp` devices. Prompt length PROMPT_TOKENS; response lengths log-normal with the
   entry's mean, truncated at its max, shape RESPONSE_SIGMA.
 """
 
@@ -34,6 +34,9 @@ PROMPT_TOKENS = Factor(150, "OpenMathInstruct-2 problems (GSM8K/MATH-style state
                             "template: about 150 tokens")
 RESPONSE_SIGMA = Factor(0.8, "log-normal shape of reasoning-response lengths: the p90/p50 ratio of about 2.8 seen "
                              "in published GRPO length histograms")
+
+NEMO_RL_KL = Factor(0.01, "NeMo-RL's GRPO default reference_policy_kl_penalty (grpo_math_1B.yaml): a reference "
+                          "logprob pass every step")
 
 TRAIN_KEYS = {"id", "system", "model", "gpus", "tp", "pp", "dp", "cp", "ep", "global_batch", "micro_batch", "seq",
               "recompute", "pp_interleave", "measured_iteration_s", "sequence_parallel", "notes", "source"}
@@ -127,7 +130,7 @@ def rl_graph(entry: dict, models: dict[str, ModelSpec], where: str):
                                   sigma=RESPONSE_SIGMA.value)
     job = Job(prompts=prompts, samples_per_prompt=samples, prompt_len=int(prompt), response=response,
               ppo_epochs=1, mini_batches=sequences // tgb)
-    g = build_graph(entry.get("algorithm", "grpo"), job, Models(actor=spec), kl_coef=0.0)
+    g = build_graph(entry.get("algorithm", "grpo"), job, Models(actor=spec), kl_coef=NEMO_RL_KL.value)
     k = entry.get("async_bound", 0)
     g = bound_asynchrony(g, k)
     colocated = entry.get("colocated", k == 0)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from rpeg.graph.model import ModelSpec
 from rpeg.hardware.device import Device
-from rpeg.perf.efficiency import ATTENTION, GEMM, HBM
+from rpeg.perf.efficiency import ATTENTION, DECODE_HBM, HBM, gemm_efficiency
 
 BF16 = 2
 
@@ -40,10 +40,12 @@ class LayerTime:
                          self.elementwise_s + o.elementwise_s, self.flops + o.flops, self.bytes + o.bytes)
 
 
-def _rates(device: Device, dtype: str) -> tuple[float, float, float]:
+def _rates(device: Device, dtype: str, decode: bool = False) -> tuple[float, float, float]:
+    """(GEMM FLOP/s, attention FLOP/s, HBM bytes/s) achieved; decode steps read at DECODE_HBM."""
     kind = device.kind
-    return (device.flop_per_s(dtype) * GEMM[kind].value, device.flop_per_s(dtype) * ATTENTION[kind].value,
-            device.hbm_bandwidth_bytes_per_s * HBM[kind].value)
+    hbm = DECODE_HBM.value if decode and kind == "gpu" else HBM[kind].value
+    return (device.flop_per_s(dtype) * gemm_efficiency(device), device.flop_per_s(dtype) * ATTENTION[kind].value,
+            device.hbm_bandwidth_bytes_per_s * hbm)
 
 
 def experts_touched(spec: ModelSpec, tokens: float) -> float:
@@ -63,7 +65,7 @@ def layer_forward(spec: ModelSpec, device: Device, *, tokens: float, context: fl
     the current length for a decode step). kv_read_tokens: tokens of KV cache read from HBM
     (decode); None for a pass whose keys are computed on chip (prefill, training).
     """
-    gemm_rate, attn_rate, bw = _rates(device, dtype)
+    gemm_rate, attn_rate, bw = _rates(device, dtype, decode=bool(kv_read_tokens))
     moe = spec.is_moe if moe_layer is None else moe_layer
     attn_params = spec.attention_params()
     if moe:
@@ -101,9 +103,10 @@ def layer_forward(spec: ModelSpec, device: Device, *, tokens: float, context: fl
                      weight_bytes + act_bytes + kv_bytes + score_bytes + elem_bytes)
 
 
-def head_forward(spec: ModelSpec, device: Device, *, tokens: float, tp: int = 1, dtype: str = "bf16") -> LayerTime:
+def head_forward(spec: ModelSpec, device: Device, *, tokens: float, tp: int = 1, dtype: str = "bf16",
+                 decode: bool = False) -> LayerTime:
     """The output projection to the vocabulary (and its softmax/logprob) for `tokens` tokens."""
-    gemm_rate, _, bw = _rates(device, dtype)
+    gemm_rate, _, bw = _rates(device, dtype, decode)
     flops = 2.0 * tokens * spec.vocab * spec.hidden / tp
     weight_bytes = BF16 * spec.vocab * spec.hidden / tp
     logits_bytes = 4 * tokens * spec.vocab / tp * 2  # fp32 logits written and read by the log-softmax

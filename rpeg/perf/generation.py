@@ -30,7 +30,8 @@ from rpeg.perf import memory
 from rpeg.perf.collectives import Group, all_reduce_s
 from rpeg.perf.compute import BF16, head_forward, layer_forward
 from rpeg.perf.cost import StageCost
-from rpeg.perf.efficiency import DECODE_STEP_OVERHEAD_S, KV_MEMORY_UTILIZATION, Factor
+from rpeg.perf.efficiency import (DECODE_OVERHEAD_PER_SEQ_S, DECODE_STEP_OVERHEAD_S, KV_MEMORY_UTILIZATION,
+                                  KV_MEMORY_UTILIZATION_COLOCATED, Factor)
 from rpeg.perf.flops import sequence_forward_flops
 
 MAX_NUM_SEQS = Factor(256, "vLLM's default cap on sequences in one batch (max_num_seqs)")
@@ -56,7 +57,10 @@ class _StepModel:
 
     def __init__(self, spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, dtype: str):
         self.spec, self.layout, self.cluster, self.dtype = spec, layout, cluster, dtype
-        self.overhead = DECODE_STEP_OVERHEAD_S.value
+
+    @staticmethod
+    def overhead(batch: float) -> float:
+        return DECODE_STEP_OVERHEAD_S.value + DECODE_OVERHEAD_PER_SEQ_S.value * batch
 
     def __call__(self, batch: float, context: float) -> tuple[float, float]:
         """(seconds, of which TP communication)."""
@@ -72,9 +76,9 @@ class _StepModel:
             stage += layer_forward(spec, self.cluster.device, moe_layer=False, **kw).seconds * dense / pp
         if moe:
             stage += layer_forward(spec, self.cluster.device, moe_layer=True, **kw).seconds * moe / pp
-        stage += head_forward(spec, self.cluster.device, tokens=mb, tp=lay.tp, dtype=self.dtype).seconds / pp
+        stage += head_forward(spec, self.cluster.device, tokens=mb, tp=lay.tp, dtype=self.dtype, decode=True).seconds / pp
         comm = 2 * spec.layers / pp * all_reduce_s(self.cluster, mb * spec.hidden * BF16, Group(lay.tp, 1))
-        return pp * (stage + comm) + self.overhead, pp * comm
+        return pp * (stage + comm) + self.overhead(batch), pp * comm
 
 
 def _prefill_s(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, tokens: float, prompt: float,
@@ -133,7 +137,7 @@ def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster,
         t1, c1 = step(b, ctx1)
         decode_s += delta * (t0 + t1) / 2
         comm_s += delta * (c0 + c1) / 2
-        overhead_s += delta * step.overhead
+        overhead_s += delta * step.overhead(b)
         now += delta
         held = ctx1
         # finish
@@ -157,12 +161,12 @@ def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster,
 
 
 def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Cluster,
-                    work: GenWorkload) -> StageCost:
+                    work: GenWorkload, colocated: bool = False) -> StageCost:
     instances = layout.dp
     n = max(1, math.ceil(work.sequences / instances))
     dev = cluster.device
-    capacity = memory.kv_capacity_tokens(spec, layout, dev.hbm_capacity_bytes,
-                                         memory_utilization=KV_MEMORY_UTILIZATION.value)
+    util = (KV_MEMORY_UTILIZATION_COLOCATED if colocated else KV_MEMORY_UTILIZATION).value
+    capacity = memory.kv_capacity_tokens(spec, layout, dev.hbm_capacity_bytes, memory_utilization=util)
     if capacity < work.prompt_len + work.response.max:
         weights = memory.weight_bytes_per_device(spec, layout)
         raise RpegError(f"generation of {spec.name} with tp={layout.tp} pp={layout.pp}: weights take "
@@ -176,7 +180,7 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
     seconds = sum(v for _, v in parts)
     flops = work.sequences * work.response.expect(lambda r: sequence_forward_flops(spec, work.prompt_len + r))
     weights = memory.weight_bytes_per_device(spec, layout)
-    kv_bytes = KV_MEMORY_UTILIZATION.value * dev.hbm_capacity_bytes - weights
+    kv_bytes = util * dev.hbm_capacity_bytes - weights
     return StageCost(stage=name, seconds=seconds, compute_s=sim["prefill"], memory_s=sim["decode"],
                      comm_s=sim["tensor-parallel comm"], overhead_s=sim["engine step overhead"], flops=flops,
                      peak_memory_bytes=weights + kv_bytes, capacity_bytes=dev.hbm_capacity_bytes,

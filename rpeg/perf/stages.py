@@ -47,9 +47,17 @@ def stage_cost(graph: Graph, stage: Stage, cluster: Cluster) -> StageCost:
     if stage.kind is Kind.GENERATE:
         work = GenWorkload(sequences=graph.stage_sequences(stage), prompt_len=graph.job.prompt_len,
                            response=graph.job.response)
-        return generation_cost(stage.name, spec, stage.layout, cluster, work)
+        return generation_cost(stage.name, spec, stage.layout, cluster, work, colocated=_shares_with_training(graph, stage))
     return pass_cost(stage.name, spec, stage.layout, cluster,
                      _pass_workload(graph, stage, train=stage.kind is Kind.TRAIN))
+
+
+def _shares_with_training(graph: Graph, stage: Stage) -> bool:
+    """Whether the stage's devices also host a training stage (a colocated engine)."""
+    if stage.group is None:
+        return False
+    mine = graph.group(stage.group)
+    return any(s.kind is Kind.TRAIN and s.group and graph.group(s.group).overlaps(mine) for s in graph.stages)
 
 
 def _sync_cost(graph: Graph, stage: Stage, cluster: Cluster) -> StageCost:

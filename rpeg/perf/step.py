@@ -85,7 +85,7 @@ def _context_switch(graph: Graph) -> tuple[str, StageCost] | None:
         return None
     if not graph.group(train.group).overlaps(graph.group(gen.group)):
         return None
-    return gen.name, context_switch_cost(SWITCH, graph.model("actor").spec, train.layout)
+    return gen.name, context_switch_cost(SWITCH, graph.model("actor").spec, train.layout, gen.layout)
 
 
 def _devices(graph: Graph, name: str) -> set[int]:

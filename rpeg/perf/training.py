@@ -102,7 +102,11 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
         per_mb = compute + comm + recompute_s
     p2p = 0.0
     if pp > 1:
-        boundary = p2p_s(cluster, act_bytes / (tp if layout.sequence_parallel else 1), tp * cp * dp)
+        # Megatron's scatter/gather optimization (Narayanan 2021, section 4.1): each tensor-parallel rank
+        # sends 1/tp of the activation to the next stage, which all-gathers it over its fast links
+        boundary = p2p_s(cluster, act_bytes / tp, tp * cp * dp)
+        if not layout.sequence_parallel:
+            boundary += all_gather_s(cluster, act_bytes, Group(tp, 1))
         p2p = (1 if work.forward_only else 2) * boundary * v
     per_mb += p2p
     bubble_mbs = (pp - 1) / v

@@ -50,11 +50,15 @@ def weight_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: Par
                      bytes=total * gen.dp, devices=gen.devices, parts=parts)
 
 
-def context_switch_cost(name: str, spec: ModelSpec, train: ParallelLayout) -> StageCost:
-    """Offload the trainer's state to host before generation and reload it after."""
+def context_switch_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: ParallelLayout) -> StageCost:
+    """Offload the trainer's state to host before generation and reload it after; the engine
+    likewise releases its weights after generation (vLLM's sleep mode) and reloads them."""
     params = memory.params_per_device(spec, train)
     shard = train.dp if train.zero >= 1 else 1
     state = params * (BF16 + 4) + params * 12 / shard  # weights, fp32 grads, optimizer
-    seconds = 2 * state / HOST_LINK_BYTES_PER_S.value
-    return StageCost(stage=name, seconds=seconds, memory_s=seconds, bytes=2 * state * train.devices,
-                     devices=train.devices, parts=(("offload and reload trainer state", seconds),))
+    engine = spec.params_total() * BF16 / (gen.tp * gen.pp)
+    host = HOST_LINK_BYTES_PER_S.value
+    parts = (("offload and reload trainer state", 2 * state / host), ("engine sleep and wake", 2 * engine / host))
+    seconds = sum(v for _, v in parts)
+    return StageCost(stage=name, seconds=seconds, memory_s=seconds, bytes=2 * (state + engine) * train.devices,
+                     devices=train.devices, parts=parts)

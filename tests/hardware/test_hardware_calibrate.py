@@ -1,0 +1,66 @@
+"""cpu-local: measured once into a readable cache file, then read back without measuring."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from rpeg.errors import RpegError
+from rpeg.hardware import calibrate as calibration
+from rpeg.hardware import load_cluster, load_device
+
+
+def test_first_load_measures_and_writes_a_readable_file_then_reuses_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("RPEG_CACHE_DIR", str(tmp_path))
+    start = time.perf_counter()
+    device = load_device("cpu-local")  # no cache: measures with the default budget
+    assert time.perf_counter() - start < 5
+    path = tmp_path / "cpu-local.yaml"
+    text = path.read_text()
+    assert text.startswith("# cpu-local")
+    data = yaml.safe_load(text)
+    assert data["name"] == "cpu-local" and data["kind"] == "cpu"
+    for key in ("bf16_dense_gflop_per_s", "hbm_bandwidth_gb_per_s", "hbm_capacity_gb"):
+        assert data[key] > 0
+        assert "numpy" in data["sources"][key] and "rpeg.hardware.calibrate" in data["sources"][key]
+    assert "stands in" in data["sources"]["bf16_dense_gflop_per_s"]
+    assert device.kind == "cpu" and device.fp8_flop_per_s == 0 and device.scaleup_bandwidth_bytes_per_s == 0
+    assert device.bf16_flop_per_s == pytest.approx(data["bf16_dense_gflop_per_s"] * 1e9)
+    assert device.hbm_capacity_bytes == pytest.approx(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), rel=1e-3)
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("measured again although the cache exists")
+
+    monkeypatch.setattr(calibration, "_matmul_flop_per_s", no_measuring)
+    monkeypatch.setattr(calibration, "_copy_bytes_per_s", no_measuring)
+    mtime = path.stat().st_mtime_ns
+    assert load_device("cpu-local") == device
+    cluster = load_cluster("cpu-local", gpus=2)
+    assert cluster.device == device and path.stat().st_mtime_ns == mtime
+    node, system = cluster.levels
+    assert (node.gpus, node.link, node.bandwidth_bytes_per_s) == (1, "memory", device.hbm_bandwidth_bytes_per_s)
+    assert system.link == "ethernet" and cluster.span(2).level is system
+
+
+def test_calibrate_writes_where_asked(tmp_path):
+    path = tmp_path / "sub" / "mine.yaml"
+    device = calibration.calibrate(path, seconds=0.1)
+    assert path.exists() and calibration.load_cpu_local(path) == device
+
+
+def test_a_broken_cache_says_how_to_fix_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("RPEG_CACHE_DIR", str(tmp_path))
+    (tmp_path / "cpu-local.yaml").write_text("name: cpu-local\nkind: cpu\n")
+    with pytest.raises(RpegError, match="cpu-local.yaml.*missing.*measure again"):
+        load_device("cpu-local")
+
+
+def test_importing_the_package_measures_nothing(tmp_path):
+    env = dict(os.environ, RPEG_CACHE_DIR=str(tmp_path))
+    code = "import rpeg.hardware, rpeg.hardware.calibrate, sys; print('numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"  # numpy is imported only when measuring
+    assert not (tmp_path / "cpu-local.yaml").exists()
