@@ -5,6 +5,10 @@
     rpeg passes                             list graph passes
     rpeg show ALGO --model NAME [options]   stages, fields, bytes per step; writes DOT and PNG
     rpeg analyze ALGO --model NAME [...]    work-depth table and what async bounds do to depth
+    rpeg predict JOB.yaml [--cluster C --gpus N]   per-stage time, memory per GPU, OOM verdict
+    rpeg validate FILE.yaml [--json]        the performance model against published measurements
+    rpeg hardware                           device and cluster presets with their figures
+    rpeg calibrate                          measure this machine (the cpu-local device)
 
 ALGO may also be a job file (YAML/JSON, see rpeg/spec.py). Bad input prints one line,
 `rpeg: error: ...`, and exits with 2.
@@ -13,6 +17,7 @@ ALGO may also be a job file (YAML/JSON, see rpeg/spec.py). Bad input prints one 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -89,7 +94,7 @@ def _spec(args: argparse.Namespace):
         extra.append(PassCall("bound_asynchrony", {"k": args.async_bound}))
     if args.stream is not None:
         extra.append(PassCall("stream", {"microbatches": args.stream}))
-    return JobSpec(spec.algorithm, spec.models, spec.job, spec.config, spec.passes.then(*extra))
+    return dataclasses.replace(spec, passes=spec.passes.then(*extra))
 
 
 def _header(graph, spec) -> str:
@@ -245,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("algorithms", help="list algorithms").set_defaults(fn=cmd_algorithms)
     sub.add_parser("models", help="list model presets").set_defaults(fn=cmd_models)
     sub.add_parser("passes", help="list graph passes").set_defaults(fn=cmd_passes)
+    from rpeg import cli_perf
+
+    cli_perf.add_parsers(sub, _job_options)
     return p
 
 

@@ -8,6 +8,8 @@
     job: {prompts: 64, samples_per_prompt: 8, prompt_len: 512,
           response: {kind: lognormal, mean: 2000, max: 8192}, ppo_epochs: 1, mini_batches: 4}
     config: {kl_coef: 0.0}   # overrides of the algorithm's defaults
+    cluster: dgx-h100        # for `rpeg predict` (or --cluster); a preset or a cluster file
+    gpus: 16                 # devices of the cluster the job uses (or --gpus)
     passes:                  # optional pass pipeline
       - bound_asynchrony: {k: 1}
 
@@ -25,7 +27,7 @@ from rpeg.graph import Graph, Job, ModelSpec, get_model
 from rpeg.graph.serde import from_data, read_yaml_file
 from rpeg.passes import PassPipeline
 
-KEYS = ("algorithm", "model", "reward", "critic", "reference", "job", "config", "passes")
+KEYS = ("algorithm", "model", "reward", "critic", "reference", "job", "config", "passes", "cluster", "gpus")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +37,8 @@ class JobSpec:
     job: Job
     config: dict[str, Any]
     passes: PassPipeline
+    cluster: str | None = None  # a preset name or a cluster file, for `rpeg predict`
+    gpus: int | None = None
 
     def graph(self) -> Graph:
         """The algorithm's graph with the job's passes applied."""
@@ -72,8 +76,14 @@ def spec_from_data(data: Any, source: str = "job") -> JobSpec:
     config = data.get("config") or {}
     if not isinstance(config, dict):
         raise RpegError(f"{source}: config must be a mapping of algorithm options")
+    gpus = data.get("gpus")
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
+        raise RpegError(f"{source}: gpus must be a positive whole number, got {gpus!r}")
+    cluster = data.get("cluster")
+    if cluster is not None and not isinstance(cluster, str):
+        raise RpegError(f"{source}: cluster must be a preset name or a file path, got {cluster!r}")
     return JobSpec(algorithm=algorithm, models=models, job=job, config=dict(config),
-                   passes=PassPipeline.from_data(data.get("passes")))
+                   passes=PassPipeline.from_data(data.get("passes")), cluster=cluster, gpus=gpus)
 
 
 def load_spec(path: str) -> JobSpec:

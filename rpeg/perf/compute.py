@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from rpeg.graph.model import ModelSpec
 from rpeg.hardware.device import Device
-from rpeg.perf.efficiency import ATTENTION, DECODE_HBM, HBM, gemm_efficiency
+from rpeg.perf.efficiency import ATTENTION, DECODE_HBM, GEMM_ROWS_HALF, HBM, gemm_efficiency
 
 BF16 = 2
 
@@ -48,6 +48,11 @@ def _rates(device: Device, dtype: str, decode: bool = False) -> tuple[float, flo
             device.hbm_bandwidth_bytes_per_s * hbm)
 
 
+def rows_efficiency(rows: float) -> float:
+    """GEMM_ROWS: the fraction of the large-GEMM rate a GEMM with `rows` rows (tokens) reaches."""
+    return rows / (rows + GEMM_ROWS_HALF.value) if rows > 0 else 1.0
+
+
 def experts_touched(spec: ModelSpec, tokens: float) -> float:
     """Expected distinct routed experts a batch of `tokens` hits in one layer (uniform routing)."""
     if not spec.is_moe:
@@ -68,20 +73,35 @@ def layer_forward(spec: ModelSpec, device: Device, *, tokens: float, context: fl
     gemm_rate, attn_rate, bw = _rates(device, dtype, decode=bool(kv_read_tokens))
     moe = spec.is_moe if moe_layer is None else moe_layer
     attn_params = spec.attention_params()
+    # GEMMs, each a roofline whose compute rate falls off for few rows (GEMM_ROWS curve)
+    dense_params = attn_params / tp
     if moe:
         expert = spec.mlp_params(spec.moe_ffn)
-        active_mlp = (spec.experts_per_token + spec.shared_experts) * expert + spec.router_params()
-        touched = experts_touched(spec, tokens) / ep + spec.shared_experts
-        resident_mlp = touched * expert + spec.router_params()
+        dense_params += spec.shared_experts * expert / tp + spec.router_params()
         mlp_width = (spec.experts_per_token + spec.shared_experts) * spec.moe_ffn
     else:
-        active_mlp = resident_mlp = spec.mlp_params(spec.ffn)
+        dense_params += spec.mlp_params(spec.ffn) / tp
         mlp_width = spec.ffn
-    # GEMMs: each token multiplies by the attention projections and its experts' weights.
-    gemm_flops = 2.0 * tokens * (attn_params + active_mlp) / tp
-    weight_bytes = BF16 * (attn_params + resident_mlp) / tp
     act_bytes = BF16 * tokens * (4 * spec.hidden + 3 * mlp_width) / tp  # GEMM inputs and outputs
-    gemm_s = max(gemm_flops / gemm_rate, (weight_bytes + act_bytes) / bw)
+    gemm_flops = 2.0 * tokens * dense_params
+    weight_bytes = BF16 * dense_params
+    gemm_s = max(gemm_flops / (gemm_rate * rows_efficiency(tokens)), (weight_bytes + act_bytes) / bw)
+    permute_bytes = 0.0
+    if moe:
+        # Routed experts: spread over `ep` devices at full width (Megatron EP, vLLM EP) or, without
+        # expert parallelism, each split over the tensor-parallel ranks (vLLM's default). Each
+        # expert is its own GEMM (a grouped GEMM) over the tokens routed to it.
+        spread = ep if ep > 1 else 1
+        width_split = 1 if ep > 1 else tp
+        assignments = tokens * spec.experts_per_token  # this device's share, after dispatch
+        touched = experts_touched(spec, tokens * spread) / spread
+        rows = assignments / max(touched, 1e-9)
+        e_flops = 2.0 * assignments * expert / tp
+        e_bytes = BF16 * touched * expert / width_split
+        gemm_s += max(e_flops / (gemm_rate * rows_efficiency(rows)), e_bytes / bw)
+        gemm_flops += e_flops
+        weight_bytes += e_bytes
+        permute_bytes = 4 * BF16 * assignments * spec.hidden / tp  # permute in and out, read and write
     # attention core: QK^T and AV
     heads = spec.heads / tp
     keys = context if flash_attention else 2 * context
@@ -95,7 +115,7 @@ def layer_forward(spec: ModelSpec, device: Device, *, tokens: float, context: fl
         kv_bytes = kv_read_tokens * per_token
     attention_s = max(attn_flops / (attn_rate if flash_attention else gemm_rate), (kv_bytes + score_bytes) / bw)
     # elementwise: norms, residual adds, rotary, activation function (read + write, bf16)
-    elem_bytes = BF16 * tokens * (2 * 4 * spec.hidden + 3 * mlp_width) / tp
+    elem_bytes = BF16 * tokens * (2 * 4 * spec.hidden + 3 * mlp_width) / tp + permute_bytes
     if not sp:
         elem_bytes += BF16 * tokens * 2 * 4 * spec.hidden * (1 - 1 / tp)  # norms/residuals replicated over tp
     elementwise_s = elem_bytes / bw

@@ -33,6 +33,9 @@ GEMM_PEAK_FRACTION = {  # the largest square bf16 GEMMs in cuBLAS/hipBLASLt, as 
 DEFAULT_GEMM_PEAK_FRACTION = Factor(0.80, "a device without a measured figure: the middle of the GPUs above")
 LAYER_GEMM = Factor(0.80, "a transformer layer's GEMMs (K = hidden of 2-8K, N split by tensor parallelism) and the "
                           "small kernels between them reach about 80% of the largest-GEMM rate")
+GEMM_ROWS_HALF = Factor(64.0, "a GEMM with few rows (tokens) fills few of the 128-256-row tensor-core tiles and "
+                              "launches fewer thread blocks than there are SMs: rate ~ rows / (rows + 64), the "
+                              "curve over operation size (half rate at 64 rows, 94% at 1024)")
 GEMM = {  # kept for the work-depth view and the CPU
     "gpu": Factor(0.70, "large-GEMM fraction x layer shapes for an A100-class GPU (0.87 x 0.8)"),
     "cpu": Factor(1.0, "cpu-local figures are measured matmul rates already"),

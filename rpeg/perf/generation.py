@@ -160,15 +160,24 @@ def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster,
             "engine step overhead": overhead_s, "decode_steps": now, "preemptions": preemptions}
 
 
+def engine_layout(spec: ModelSpec, layout: ParallelLayout) -> ParallelLayout:
+    """The layout as the memory model should see an engine: without expert parallelism, vLLM splits
+    every expert over the tensor-parallel ranks, which holds as much per device as ep = tp."""
+    if spec.is_moe and layout.ep == 1 and layout.tp > 1:
+        return layout.replace(ep=layout.tp)
+    return layout
+
+
 def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Cluster,
                     work: GenWorkload, colocated: bool = False) -> StageCost:
     instances = layout.dp
     n = max(1, math.ceil(work.sequences / instances))
     dev = cluster.device
     util = (KV_MEMORY_UTILIZATION_COLOCATED if colocated else KV_MEMORY_UTILIZATION).value
-    capacity = memory.kv_capacity_tokens(spec, layout, dev.hbm_capacity_bytes, memory_utilization=util)
+    capacity = memory.kv_capacity_tokens(spec, engine_layout(spec, layout), dev.hbm_capacity_bytes,
+                                         memory_utilization=util)
     if capacity < work.prompt_len + work.response.max:
-        weights = memory.weight_bytes_per_device(spec, layout)
+        weights = memory.weight_bytes_per_device(spec, engine_layout(spec, layout))
         raise RpegError(f"generation of {spec.name} with tp={layout.tp} pp={layout.pp}: weights take "
                         f"{weights / 1e9:.1f} GB of the {dev.hbm_capacity_bytes / 1e9:.0f} GB per device, leaving KV "
                         f"room for {max(capacity, 0):.0f} tokens, less than one {work.prompt_len + work.response.max:.0f}"
@@ -179,7 +188,7 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
     parts = tuple((k, sim[k]) for k in ("prefill", "decode", "tensor-parallel comm", "engine step overhead"))
     seconds = sum(v for _, v in parts)
     flops = work.sequences * work.response.expect(lambda r: sequence_forward_flops(spec, work.prompt_len + r))
-    weights = memory.weight_bytes_per_device(spec, layout)
+    weights = memory.weight_bytes_per_device(spec, engine_layout(spec, layout))
     kv_bytes = util * dev.hbm_capacity_bytes - weights
     return StageCost(stage=name, seconds=seconds, compute_s=sim["prefill"], memory_s=sim["decode"],
                      comm_s=sim["tensor-parallel comm"], overhead_s=sim["engine step overhead"], flops=flops,

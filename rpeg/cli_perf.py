@@ -1,0 +1,159 @@
+"""The performance-model commands of `rpeg`: predict, validate, hardware, calibrate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rpeg.errors import RpegError
+from rpeg.report import table
+
+
+def add_parsers(sub, job_options) -> None:
+    pr = sub.add_parser("predict", help="per-stage time, memory per GPU and the bottleneck of a planned job")
+    job_options(pr)
+    pr.add_argument("--cluster", help="cluster preset or file (default: the job file's, else dgx-h100)")
+    pr.add_argument("--gpus", type=int, help="devices to use (default: the job file's, else one node)")
+    pr.add_argument("--json", action="store_true", help="print JSON")
+    pr.set_defaults(fn=cmd_predict)
+    va = sub.add_parser("validate", help="predicted vs measured for a file of published measurements")
+    va.add_argument("file", help="a YAML file of the schema of shared/validation/published.yaml")
+    va.add_argument("--json", action="store_true", help="print JSON")
+    va.set_defaults(fn=cmd_validate)
+    sub.add_parser("hardware", help="device and cluster presets").set_defaults(fn=cmd_hardware)
+    ca = sub.add_parser("calibrate", help="measure this machine's matmul rate and memory bandwidth (cpu-local)")
+    ca.add_argument("--out", help="where to write the figures (default: the cache file)")
+    ca.set_defaults(fn=cmd_calibrate)
+
+
+def _gb(b: float) -> str:
+    return f"{b / 1e9:.1f}"
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from rpeg.cli import _header, _spec
+    from rpeg.hardware import load_cluster
+    from rpeg.perf.step import predict_step
+    from rpeg.search.default import default_plan
+
+    spec = _spec(args)
+    graph = spec.graph()
+    name = args.cluster or spec.cluster or "dgx-h100"
+    base = load_cluster(name)
+    gpus = args.gpus or spec.gpus or (max(g.first + g.count for g in graph.groups) if graph.groups
+                                      else base.gpus_per_node)
+    cluster = load_cluster(name, gpus)
+    planned_by = "the job's passes"
+    if not graph.groups:
+        graph = default_plan(graph, cluster, gpus)
+        planned_by = "the default plan (everything colocated, the smallest tensor parallelism that fits)"
+    pred = predict_step(graph, cluster)
+    rows = []
+    for s in graph.stages:
+        c = pred.stages[s.name]
+        grp = graph.group(s.group) if s.group else None
+        where = f"{grp.name} {grp.first}-{grp.first + grp.count - 1}" if grp else "-"
+        rows.append((s.name, where, s.layout.describe() if s.layout else "-", c))
+    if "context_switch" in pred.stages:
+        rows.append(("context_switch", "colocated", "-", pred.stages["context_switch"]))
+    if args.json:
+        print(json.dumps({
+            "cluster": cluster.name, "gpus": gpus, "step_s": pred.step_s, "tokens_per_s_per_gpu": pred.tokens_per_s_per_gpu,
+            "fits": pred.fits, "bottleneck": pred.bottleneck, "cost_usd_per_step": _usd(cluster, gpus, pred.step_s),
+            "stages": [{"stage": n, "devices": w, "layout": lay, "seconds": c.seconds, "parts": dict(c.parts),
+                        "peak_memory_gb": c.peak_memory_bytes / 1e9, "fits": c.fits} for n, w, lay, c in rows]},
+            indent=1))
+        return 0 if pred.fits else 3
+    print(_header(graph, spec))
+    print(f"cluster: {cluster.name}, {gpus} x {cluster.device.name}; layout from {planned_by}")
+    total = sum(c.seconds for *_, c in rows) or 1.0
+    body = []
+    for n, w, lay, c in rows:
+        top = sorted(c.parts, key=lambda kv: -kv[1])[:3]
+        body.append([n, w, lay, f"{c.seconds:.2f}", f"{100 * c.seconds / total:.0f}%",
+                     ", ".join(f"{k} {v:.2f}" for k, v in top if v > 0) or "-",
+                     _gb(c.peak_memory_bytes) if c.peak_memory_bytes else "-", "yes" if c.fits else "NO"])
+    print()
+    print(table(["stage", "devices", "layout", "seconds", "share", "where the time goes", "GB/GPU", "fits"], body,
+                right=[3, 4, 6]))
+    print(f"\nstep time: {pred.step_s:.2f} s  ({pred.tokens_per_s_per_gpu:,.0f} tokens/s/GPU; bottleneck: "
+          f"{pred.bottleneck})")
+    usd = _usd(cluster, gpus, pred.step_s)
+    if usd:
+        print(f"cost: ${usd:.2f} per step at ${cluster.gpu_hour_usd:g} per GPU-hour")
+    if not pred.fits:
+        cap = cluster.device.hbm_capacity_bytes
+        for c in pred.oom:
+            parts = ", ".join(f"{k} {_gb(v)}" for k, v in c.memory_parts)
+            print(f"OUT OF MEMORY: stage {c.stage!r} needs {_gb(c.peak_memory_bytes)} GB per GPU of {_gb(cap)} GB "
+                  f"({parts}); try full recomputation, more tensor or pipeline parallelism, ZeRO-3, or more GPUs")
+        return 3
+    return 0
+
+
+def _usd(cluster, gpus: int, step_s: float) -> float:
+    return cluster.gpu_hour_usd * gpus * step_s / 3600 if cluster.gpu_hour_usd else 0.0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from rpeg.validation import summary, validate_file
+
+    results = validate_file(args.file)
+    mapes = summary(results)
+    if args.json:
+        print(json.dumps({"entries": [{"id": r.id, "kind": r.kind, "predicted": r.predicted, "measured": r.measured,
+                                       "error": r.error, "parts": dict(r.parts)} for r in results],
+                          "mape": mapes["all"], "mape_by_kind": {k: v for k, v in mapes.items() if k != "all"}},
+                         indent=1))
+        return 0
+    body = []
+    for r in results:
+        top = sorted(r.parts, key=lambda kv: -kv[1])[:4]
+        body.append([r.id, r.kind, f"{r.predicted:.2f}", f"{r.measured:.2f}", f"{100 * r.error:+.1f}%",
+                     ", ".join(f"{k} {v:.1f}" for k, v in top) + (f"  [{r.note}]" if r.note else "")])
+    print(table(["entry", "kind", "predicted s", "measured s", "error", "largest parts (s)"], body, right=[2, 3, 4]))
+    print()
+    for kind, value in mapes.items():
+        label = "all entries" if kind == "all" else f"{kind} entries"
+        worst = max((abs(r.error) for r in results if kind == "all" or r.kind == kind), default=0.0)
+        print(f"mean absolute percentage error, {label}: {100 * value:.1f}% (worst {100 * worst:.1f}%)")
+    return 0
+
+
+def cmd_hardware(args: argparse.Namespace) -> int:
+    from rpeg.hardware import cluster_names, device_names, load_cluster, load_device
+
+    rows = []
+    for n in device_names():
+        if n == "cpu-local":
+            continue
+        d = load_device(n)
+        rows.append([d.name, f"{d.bf16_flop_per_s / 1e12:g}", f"{d.fp8_flop_per_s / 1e12:g}",
+                     f"{d.hbm_capacity_bytes / 1e9:.0f}", f"{d.hbm_bandwidth_bytes_per_s / 1e9:g}",
+                     f"{d.scaleup_bandwidth_bytes_per_s / 1e9:g}"])
+    print(table(["device", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB", "HBM GB/s", "scale-up GB/s"], rows,
+                right=[1, 2, 3, 4, 5]))
+    rows = []
+    for n in cluster_names():
+        if n == "cpu-local":
+            continue
+        c = load_cluster(n)
+        levels = " -> ".join(f"{lv.name} {lv.gpus} ({lv.link} {lv.bandwidth_bytes_per_s / 1e9:g} GB/s)"
+                             for lv in c.levels)
+        rows.append([c.name, c.device.name, levels])
+    print()
+    print(table(["cluster", "device", "levels (GPUs per unit, link, per-GPU bandwidth)"], rows))
+    print("\nsources: docs/hardware.md; `rpeg calibrate` measures this machine as cpu-local")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from rpeg.hardware.calibrate import cache_path, calibrate
+
+    dev = calibrate(args.out)
+    print(f"cpu-local: {dev.bf16_flop_per_s / 1e9:.1f} GFLOP/s matmul, {dev.hbm_bandwidth_bytes_per_s / 1e9:.1f} GB/s "
+          f"memory, {dev.hbm_capacity_bytes / 1e9:.1f} GB; written to {args.out or cache_path()}")
+    return 0
+
+
+__all__ = ["add_parsers", "RpegError"]
