@@ -58,27 +58,30 @@ def cmd_predict(args: argparse.Namespace) -> int:
         rows.append(("context_switch", "colocated", "-", pred.stages["context_switch"]))
     if args.json:
         print(json.dumps({
-            "cluster": cluster.name, "gpus": gpus, "step_s": pred.step_s, "tokens_per_s_per_gpu": pred.tokens_per_s_per_gpu,
+            "cluster": cluster.name, "gpus": gpus, "step_s": pred.step_s if pred.fits else None, "tokens_per_s_per_gpu": pred.tokens_per_s_per_gpu,
             "fits": pred.fits, "bottleneck": pred.bottleneck, "cost_usd_per_step": _usd(cluster, gpus, pred.step_s),
-            "stages": [{"stage": n, "devices": w, "layout": lay, "seconds": c.seconds, "parts": dict(c.parts),
+            "stages": [{"stage": n, "devices": w, "layout": lay, "seconds": c.seconds if c.fits else None,
+                        "parts": {k: v for k, v in c.parts if v < float("inf")},
                         "peak_memory_gb": c.peak_memory_bytes / 1e9, "fits": c.fits} for n, w, lay, c in rows]},
             indent=1))
         return 0 if pred.fits else 3
     print(_header(graph, spec))
     print(f"cluster: {cluster.name}, {gpus} x {cluster.device.name}; layout from {planned_by}")
-    total = sum(c.seconds for *_, c in rows) or 1.0
+    total = sum(c.seconds for *_, c in rows if c.fits) or 1.0
     body = []
     for n, w, lay, c in rows:
         top = sorted(c.parts, key=lambda kv: -kv[1])[:3]
-        body.append([n, w, lay, f"{c.seconds:.2f}", f"{100 * c.seconds / total:.0f}%",
-                     ", ".join(f"{k} {v:.2f}" for k, v in top if v > 0) or "-",
+        body.append([n, w, lay, f"{c.seconds:.2f}" if c.fits else "-",
+                     f"{100 * c.seconds / total:.0f}%" if c.fits and total < float("inf") else "-",
+                     ", ".join(f"{k} {v:.2f}" for k, v in top if 0 < v < float("inf")) or "-",
                      _gb(c.peak_memory_bytes) if c.peak_memory_bytes else "-", "yes" if c.fits else "NO"])
     print()
     print(table(["stage", "devices", "layout", "seconds", "share", "where the time goes", "GB/GPU", "fits"], body,
                 right=[3, 4, 6]))
-    print(f"\nstep time: {pred.step_s:.2f} s  ({pred.tokens_per_s_per_gpu:,.0f} tokens/s/GPU; bottleneck: "
-          f"{pred.bottleneck})")
-    usd = _usd(cluster, gpus, pred.step_s)
+    if pred.fits:
+        print(f"\nstep time: {pred.step_s:.2f} s  ({pred.tokens_per_s_per_gpu:,.0f} tokens/s/GPU; bottleneck: "
+              f"{pred.bottleneck})")
+    usd = _usd(cluster, gpus, pred.step_s) if pred.fits else 0.0
     if usd:
         print(f"cost: ${usd:.2f} per step at ${cluster.gpu_hour_usd:g} per GPU-hour")
     if not pred.fits:

@@ -176,12 +176,14 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
     util = (KV_MEMORY_UTILIZATION_COLOCATED if colocated else KV_MEMORY_UTILIZATION).value
     capacity = memory.kv_capacity_tokens(spec, engine_layout(spec, layout), dev.hbm_capacity_bytes,
                                          memory_utilization=util)
-    if capacity < work.prompt_len + work.response.max:
+    longest = work.prompt_len + work.response.max
+    if capacity < longest:  # not even one sequence fits beside the weights: no time, an OOM verdict
         weights = memory.weight_bytes_per_device(spec, engine_layout(spec, layout))
-        raise RpegError(f"generation of {spec.name} with tp={layout.tp} pp={layout.pp}: weights take "
-                        f"{weights / 1e9:.1f} GB of the {dev.hbm_capacity_bytes / 1e9:.0f} GB per device, leaving KV "
-                        f"room for {max(capacity, 0):.0f} tokens, less than one {work.prompt_len + work.response.max:.0f}"
-                        "-token sequence: out of memory")
+        need = weights + longest * memory.kv_cache_bytes_per_token(spec, layout.tp)
+        return StageCost(stage=name, seconds=math.inf, peak_memory_bytes=need,
+                         capacity_bytes=dev.hbm_capacity_bytes,
+                         memory_parts=(("weights", weights), ("kv_cache", need - weights)), devices=layout.devices,
+                         parts=(("does not fit", math.inf),))
     lengths = response_lengths(work.response, n)
     sim = simulate_instance(spec, layout, cluster, n=n, prompt=work.prompt_len, lengths=lengths,
                             capacity_tokens=capacity, dtype=work.dtype)
