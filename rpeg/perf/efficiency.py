@@ -36,10 +36,6 @@ LAYER_GEMM = Factor(0.80, "a transformer layer's GEMMs (K = hidden of 2-8K, N sp
 GEMM_ROWS_HALF = Factor(64.0, "a GEMM with few rows (tokens) fills few of the 128-256-row tensor-core tiles and "
                               "launches fewer thread blocks than there are SMs: rate ~ rows / (rows + 64), the "
                               "curve over operation size (half rate at 64 rows, 94% at 1024)")
-GEMM = {  # kept for the work-depth view and the CPU
-    "gpu": Factor(0.70, "large-GEMM fraction x layer shapes for an A100-class GPU (0.87 x 0.8)"),
-    "cpu": Factor(1.0, "cpu-local figures are measured matmul rates already"),
-}
 HBM = {
     "gpu": Factor(0.80, "streaming kernels reach about 80% of nominal HBM bandwidth (STREAM-like copies on "
                         "A100/H100 reach 1.6-1.7 of 2.0 TB/s and 2.6-2.9 of 3.35 TB/s)"),
@@ -90,8 +86,6 @@ DP_OVERLAP = Factor(0.5, "Megatron/FSDP overlap gradient reduce-scatter with the
                          "about half of it stays exposed at the end of the last micro-batch")
 
 # ---- RL step -------------------------------------------------------------------------------------------
-CONTEXT_SWITCH_BYTES = Factor(1.0, "colocated training and generation offload and reload what does not fit "
-                                   "together (optimizer state, KV cache) over host links each step")
 HOST_LINK_BYTES_PER_S = Factor(25e9, "device <-> host copies run at ~25 GB/s per GPU over PCIe Gen5 x16 "
                                      "(half of its 64 GB/s when all GPUs of a node copy at once)")
 
@@ -99,7 +93,7 @@ HOST_LINK_BYTES_PER_S = Factor(25e9, "device <-> host copies run at ~25 GB/s per
 def gemm_efficiency(device) -> float:
     """Fraction of the datasheet tensor-core peak a layer's GEMMs reach on `device`."""
     if device.kind == "cpu":
-        return GEMM["cpu"].value
+        return GEMM_PEAK_FRACTION["cpu"].value
     name = device.name.lower()
     for key in sorted(GEMM_PEAK_FRACTION, key=len, reverse=True):
         if name.startswith(key):

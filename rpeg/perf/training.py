@@ -116,7 +116,8 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
     dp_s = opt_s = 0.0
     params_dev = memory.params_per_device(spec, layout)
     if not work.forward_only:
-        dense_params, expert_params = _split_params(spec, layout, params_dev)
+        split = memory.device_params(spec, layout)
+        dense_params, expert_params = split.dense, split.expert
         grad_bytes = 4.0  # fp32 main gradients
         dp_group = Group(dp * cp, tp)
         if layout.zero >= 1:
@@ -167,11 +168,3 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
                      memory_parts=mem.parts(), devices=devices, microbatches=m * steps,
                      parts=tuple(p for p in parts if p[1] > 0))
 
-
-def _split_params(spec: ModelSpec, layout: ParallelLayout, params_dev: float) -> tuple[float, float]:
-    """(dense, expert) parameters on one device."""
-    if not spec.is_moe:
-        return params_dev, 0.0
-    expert_total = spec.moe_layers * spec.experts * spec.mlp_params(spec.moe_ffn)
-    expert_dev = expert_total / layout.ep / layout.pp
-    return max(0.0, params_dev - expert_dev), expert_dev
