@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.13.0"
 	$(PY) -m pip install --quiet -e ".[train,dev]"
+	# llm-analysis (an independent cross-check in the tests) pins huggingface-hub<0.15, which would
+	# drag transformers back to 4.31; it imports neither unless asked to fetch a config, so no deps.
+	$(PY) -m pip install --quiet --no-deps "llm-analysis==0.2.2"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -108,6 +108,10 @@ def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster,
     preemptions = 0
     max_seqs = int(MAX_NUM_SEQS.value)
     start_step: dict[int, float] = {}
+    longest = max(lengths[:n], default=0.0)
+    if prompt + longest > capacity_tokens:  # admission lets a lone sequence in, so check here
+        raise RpegError(f"one sequence of {prompt:.0f} + {longest:.0f} tokens does not fit the KV cache "
+                        f"({capacity_tokens:.0f} tokens per engine)")
 
     while queue or running:
         # admit
@@ -123,14 +127,12 @@ def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster,
             held += need - 1
             admitted_tokens += prompt + done_tokens[i]
         prefill_s += _prefill_s(spec, layout, cluster, admitted_tokens, prompt, dtype)
-        if not running:
-            raise RpegError(f"one sequence of {prompt:.0f} + {max(lengths):.0f} tokens does not fit the KV cache "
-                            f"({capacity_tokens:.0f} tokens per engine)")
         b = len(running)
         # advance to the next finish, or until the KV cache is full
         next_finish = running[0][0]
         room = (capacity_tokens - held) / b
-        delta = max(1.0, min(next_finish - now, math.floor(room))) if room >= 1 else 1.0
+        room = room if math.isinf(room) else math.floor(room)  # inf: no KV limit
+        delta = max(1.0, min(next_finish - now, room)) if room >= 1 else 1.0
         ctx0 = held
         ctx1 = held + b * delta
         t0, c0 = step(b, ctx0)

@@ -124,9 +124,10 @@ def _schedule(graph: Graph, costs: dict[str, StageCost], switch_after: str | Non
                     floor = max(floor, pf + costs[m].seconds / k)
                 else:
                     start = max(start, pf)
-        devs = set().union(*(_devices(graph, m) for m in members))
-        start = max([start] + [free.get(d, 0.0) for d in devs])
         dur = max(costs[m].seconds for m in members)
+        # host-side stages (rule rewards, advantage math) cost nothing on the devices and hold none
+        devs = set().union(*(_devices(graph, m) for m in members)) if dur > 0 else set()
+        start = max([start] + [free.get(d, 0.0) for d in devs])
         end = max(start + dur, floor)
         for m in members:
             times[m] = (start, end)

@@ -133,8 +133,9 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
         if layout.zero == 3:  # parameters gathered before each micro-batch's forward and backward
             gather = all_gather_s(cluster, params_dev * BF16 * dp, Group(dp, tp * cp))
             dp_s += max(0.0, 2 * m * gather - pipeline_s) + gather
-        shard = dp if layout.zero >= 1 else 1
-        opt_s = params_dev / shard * OPTIMIZER_BYTES_PER_PARAM.value / (
+        # ZeRO shards the optimizer state as the memory model does: dense over dp*cp, experts over dp*cp*tp/ep
+        dense_dp, expert_dp = memory.data_parallel_groups(spec, layout) if layout.zero >= 1 else (1, 1)
+        opt_s = (dense_params / dense_dp + expert_params / expert_dp) * OPTIMIZER_BYTES_PER_PARAM.value / (
             dev.hbm_bandwidth_bytes_per_s * HBM[dev.kind].value)
     per_step = pipeline_s + dp_s + opt_s
     steps = work.optimizer_steps

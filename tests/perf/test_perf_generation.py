@@ -1,0 +1,148 @@
+"""Generation with a continuous-batching engine: response lengths, the event simulation of one
+instance (admission, KV-cache limits, preemption), and the stage cost over dp instances.
+
+Qwen3-0.6B on H100s keeps the simulations short."""
+
+import math
+
+import pytest
+
+from rpeg.errors import RpegError
+from rpeg.graph import LengthDistribution as Dist
+from rpeg.graph import ParallelLayout as Layout
+from rpeg.graph import get_model
+from rpeg.hardware import load_cluster
+from rpeg.perf.generation import MAX_NUM_SEQS, GenWorkload, generation_cost, response_lengths, simulate_instance
+
+SMALL = get_model("qwen3-0.6B")
+LOGNORMAL = Dist(kind="lognormal", mean=1000, max=8192, sigma=1.0)
+TIME_PARTS = ("prefill", "decode", "tensor-parallel comm", "engine step overhead")
+
+
+@pytest.fixture(scope="module")
+def dgx():
+    return load_cluster("dgx-h100", 8)
+
+
+def seconds(sim):
+    return sum(sim[k] for k in TIME_PARTS)
+
+
+def simulate(cluster, lengths, capacity, prompt=256, layout=Layout()):
+    return simulate_instance(SMALL, layout, cluster, n=len(lengths), prompt=prompt, lengths=lengths,
+                             capacity_tokens=capacity)
+
+
+# ---- response lengths ----------------------------------------------------------------------------
+@pytest.mark.parametrize("dist", [LOGNORMAL, Dist(kind="uniform", min=100, max=2000),
+                                  Dist(kind="lognormal", mean=4000, max=16384, sigma=0.6)])
+def test_response_lengths_have_the_distribution_mean(dist):
+    lengths = response_lengths(dist, 256)
+    assert len(lengths) == 256
+    assert sum(lengths) / 256 == pytest.approx(dist.mean, rel=0.03)
+    assert max(lengths) <= dist.max and min(lengths) >= 1
+
+
+def test_response_lengths_are_interleaved_not_sorted():
+    lengths = response_lengths(LOGNORMAL, 256)
+    assert lengths != sorted(lengths) and lengths != sorted(lengths, reverse=True)
+    # every stretch of the order is a mix of short and long answers
+    for i in range(0, 256, 64):
+        part = lengths[i:i + 64]
+        assert sum(part) / 64 == pytest.approx(sum(lengths) / 256, rel=0.25)
+        assert min(part) < 0.5 * LOGNORMAL.mean < 2 * LOGNORMAL.mean < max(part)
+    # the quantiles (i + 0.5) / n, each once
+    expected = sorted(max(1.0, round(LOGNORMAL.quantile((i + 0.5) / 256))) for i in range(256))
+    assert sorted(lengths) == expected
+
+
+def test_fixed_response_lengths():
+    assert response_lengths(Dist.fixed(300), 7) == [300] * 7
+
+
+# ---- one engine instance ------------------------------------------------------------------------------
+@pytest.mark.parametrize("capacity", [1e12, math.inf])
+def test_fixed_length_job_without_kv_limit_takes_length_decode_steps(dgx, capacity):
+    sim = simulate(dgx, [300.0] * 32, capacity, prompt=128)
+    assert sim["decode_steps"] == 300
+    assert sim["preemptions"] == 0
+    assert seconds(sim) > 0
+
+
+def test_more_sequences_than_max_num_seqs_run_in_waves(dgx):
+    n = int(MAX_NUM_SEQS.value) + 1
+    sim = simulate(dgx, [100.0] * n, 1e12, prompt=64)
+    assert sim["decode_steps"] == 200  # one sequence waits for the first 256 to finish
+
+
+@pytest.mark.parametrize("capacity", [8000, 20000, 1e9])
+def test_every_sequence_finishes(dgx, capacity):
+    lengths = response_lengths(LOGNORMAL, 64)
+    sim = simulate(dgx, lengths, capacity)
+    assert sim["decode_steps"] >= max(lengths)
+
+
+def test_more_kv_capacity_never_makes_generation_slower(dgx):
+    lengths = response_lengths(LOGNORMAL, 64)
+    need = 256 + max(lengths)  # one whole sequence
+    times = [seconds(simulate(dgx, lengths, cap)) for cap in (need, 1.5 * need, 2 * need, 3 * need, 6 * need,
+                                                              20 * need, 1e9)]
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(times, times[1:]))
+    assert times[-1] < times[0]
+
+
+def test_a_tiny_kv_cache_forces_preemptions_and_is_slower(dgx):
+    lengths = [512.0] * 64
+    roomy = simulate(dgx, lengths, 1e9, prompt=16)
+    tight = simulate(dgx, lengths, 2000, prompt=16)  # admits ~100 prompts, room for ~3 full sequences
+    assert roomy["preemptions"] == 0
+    assert tight["preemptions"] > 0
+    assert tight["decode_steps"] > roomy["decode_steps"] == 512
+    assert seconds(tight) > seconds(roomy)
+
+
+def test_a_sequence_larger_than_the_kv_cache_is_refused(dgx):
+    with pytest.raises(RpegError, match="does not fit the KV cache"):
+        simulate(dgx, [300.0, 1000.0], 800, prompt=100)
+
+
+# ---- the stage over dp instances --------------------------------------------------------------------
+def work(sequences=256, prompt=256, response=LOGNORMAL):
+    return GenWorkload(sequences=sequences, prompt_len=prompt, response=response)
+
+
+def test_more_instances_finish_the_same_sequences_sooner(dgx):
+    times = [generation_cost("gen", SMALL, Layout(dp=dp), dgx, work()).seconds for dp in (1, 2, 4, 8)]
+    assert all(b < a for a, b in zip(times, times[1:]))
+
+
+def test_a_colocated_engine_has_less_kv_room_and_is_never_faster(dgx):
+    big = get_model("llama-3.1-8B")
+    own = generation_cost("gen", big, Layout(), dgx, work(sequences=128))
+    shared = generation_cost("gen", big, Layout(), dgx, work(sequences=128), colocated=True)
+    assert shared.seconds >= own.seconds
+    assert dict(shared.memory_parts)["kv_cache"] < dict(own.memory_parts)["kv_cache"]
+
+
+def test_a_model_that_leaves_no_room_for_one_sequence_is_an_oom_verdict(dgx):
+    """Llama-3.1-70B's 141 GB of bf16 weights on one 80 GB device: no time, fits is False."""
+    big = get_model("llama-3.1-70B")
+    c = generation_cost("gen", big, Layout(), dgx, work(sequences=8))
+    assert not c.fits
+    assert c.seconds == math.inf
+    assert dict(c.memory_parts)["weights"] > c.capacity_bytes
+    assert generation_cost("gen", big, Layout(tp=8), dgx, work(sequences=8)).fits
+
+
+@pytest.mark.parametrize("layout, response", [
+    (Layout(), LOGNORMAL),
+    (Layout(dp=2, tp=2), Dist.fixed(1024)),
+    (Layout(dp=4, pp=2), Dist(kind="uniform", min=64, max=4096)),
+])
+def test_parts_add_up_to_the_total(dgx, layout, response):
+    c = generation_cost("gen", SMALL, layout, dgx, work(sequences=128, response=response))
+    assert c.seconds > 0 and c.fits
+    assert sum(v for _, v in c.parts) == pytest.approx(c.seconds, rel=1e-6)
+    assert all(v >= 0 for _, v in c.parts)
+    assert c.part("decode") > 0 and c.part("prefill") > 0
+    assert (c.part("tensor-parallel comm") > 0) == (layout.tp > 1)
