@@ -77,6 +77,26 @@ def predict_step(graph: Graph, cluster: Cluster) -> StepPrediction:
                           sequences=job.sequences, tokens=job.sequences * job.mean_seq_len, gpus=gpus)
 
 
+def fused_seconds(graph: Graph, group: tuple[str, ...], costs: dict[str, StageCost]) -> float:
+    """Seconds of a fused group: its stages share one pass over the same micro-batches.
+
+    An inference stage fused with generation of the same model and weight version costs nothing
+    more (the engine returns the sampled tokens' logprobs as it samples). Otherwise the members'
+    work adds up, less what each loses to pipeline bubbles (the fused schedule fills one
+    member's bubble with another's work, as in RLHFuse), and never less than the longest member.
+    """
+    stages = [graph.stage(n) for n in group]
+    gen = next((s for s in stages if s.kind is Kind.GENERATE), None)
+    total, longest = 0.0, 0.0
+    for s in stages:
+        c = costs[s.name]
+        if gen is not None and s.kind is Kind.INFER and s.model == gen.model and s.lag == gen.lag:
+            continue
+        total += c.seconds - c.part("pipeline bubble")
+        longest = max(longest, c.seconds)
+    return max(total, longest)
+
+
 def _context_switch(graph: Graph) -> tuple[str, StageCost] | None:
     """A colocated plan (generation sharing devices with training) switches twice per step."""
     train = next((s for s in graph.stages if s.kind is Kind.TRAIN and s.model == "actor"), None)
@@ -124,7 +144,7 @@ def _schedule(graph: Graph, costs: dict[str, StageCost], switch_after: str | Non
                     floor = max(floor, pf + costs[m].seconds / k)
                 else:
                     start = max(start, pf)
-        dur = max(costs[m].seconds for m in members)
+        dur = fused_seconds(graph, members, costs) if len(members) > 1 else costs[name].seconds
         # host-side stages (rule rewards, advantage math) cost nothing on the devices and hold none
         devs = set().union(*(_devices(graph, m) for m in members)) if dur > 0 else set()
         start = max([start] + [free.get(d, 0.0) for d in devs])
@@ -153,12 +173,17 @@ def _order(preds: dict[str, set[str]], names: tuple[str, ...]) -> list[str]:
 
 def _group_busy(graph: Graph, costs: dict[str, StageCost]) -> dict[str, float]:
     busy: dict[str, float] = {}
+    units: dict[tuple[str, ...], float] = {}
+    for s in graph.stages:
+        group = graph.fusion_group_of(s.name) or (s.name,)
+        if group not in units:
+            units[group] = fused_seconds(graph, group, costs) if len(group) > 1 else costs[s.name].seconds
     for grp in graph.groups:
         devs = set(grp.devices)
         total = 0.0
-        for s in graph.stages:
-            if _devices(graph, s.name) & devs:
-                total += costs[s.name].seconds
+        for members, seconds in units.items():
+            if any(_devices(graph, m) & devs for m in members):
+                total += seconds
         if SWITCH in costs:
             gen = next(s for s in graph.stages if s.kind is Kind.GENERATE)
             if set(graph.group(gen.group).devices) & devs:
