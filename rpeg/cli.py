@@ -7,6 +7,7 @@
     rpeg analyze ALGO --model NAME [...]    work-depth table and what async bounds do to depth
     rpeg predict JOB.yaml [--cluster C --gpus N]   per-stage time, memory per GPU, OOM verdict
     rpeg validate FILE.yaml [--json]        the performance model against published measurements
+    rpeg plan JOB.yaml --cluster C --gpus N  the best plan beside verl's, ReaL's, ... (trace, Gantt)
     rpeg hardware                           device and cluster presets with their figures
     rpeg calibrate                          measure this machine (the cpu-local device)
 
@@ -253,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     from rpeg import cli_perf
 
     cli_perf.add_parsers(sub, _job_options)
+    from rpeg import cli_plan
+
+    cli_plan.add_parser(sub, _job_options)
     return p
 
 

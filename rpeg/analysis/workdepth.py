@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from rpeg.graph import Graph, Kind, Stage
 from rpeg.passes import bound_asynchrony
-from rpeg.perf.flops import sequence_forward_flops, train_flops
+from rpeg.perf.flops import expected_forward_flops, expected_train_flops
 
 BYTES_PER_PARAM = 2  # bf16 weights
 ADAM_BYTES_PER_PARAM = 16  # fp32 master weights, gradients, two moments: read and written once each step
@@ -98,21 +98,22 @@ def _stage(g: Graph, s: Stage) -> StageWorkDepth:
     mb = s.microbatches
     if s.kind is Kind.GENERATE:
         resp = job.response
-        flops = n * resp.expect(lambda r: sequence_forward_flops(spec, job.prompt_len + r))
+        flops = n * expected_forward_flops(spec, job.prompt_len, resp)
         longest = resp.expected_max(int(n))
         kv_bytes = spec.kv_elements_per_token() * BYTES_PER_PARAM
-        kv_reads = n * resp.expect(lambda r: r * job.prompt_len + r * (r + 1) / 2) * kv_bytes
+        e_r, e_r2 = resp.moments()
+        kv_reads = n * (e_r * job.prompt_len + (e_r2 + e_r) / 2) * kv_bytes
         weights = spec.params_total() * BYTES_PER_PARAM
         return StageWorkDepth(s.name, s.kind, s.model, flops, (1 + longest) * weights + kv_reads + field_bytes,
                               (1 + longest) * spec.layers)
     if s.kind in (Kind.INFER, Kind.REWARD) and spec is not None:
-        flops = n * job.response.expect(lambda r: sequence_forward_flops(spec, job.prompt_len + r))
+        flops = n * expected_forward_flops(spec, job.prompt_len, job.response)
         weights = spec.params_total() * BYTES_PER_PARAM
         return StageWorkDepth(s.name, s.kind, s.model, flops, mb * weights + field_bytes,
                               spec.layers / pp * (mb + pp - 1))
     if s.kind is Kind.TRAIN:
         recompute = lay.recompute if lay else "none"
-        flops = s.passes * n * job.response.expect(lambda r: train_flops(spec, job.prompt_len + r, recompute))
+        flops = s.passes * n * expected_train_flops(spec, job.prompt_len, job.response, recompute)
         optimizer_steps = s.passes * job.mini_batches
         mb_per_step = max(1, math.ceil(mb / job.mini_batches))
         fwd_bwd = 3 if recompute == "full" else 2

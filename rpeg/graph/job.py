@@ -90,6 +90,10 @@ class LengthDistribution:
             return sum(fn(self.quantile((i + 0.5) / points)) for i in range(points)) / points
         return sum(w * fn(x) for x, w in _lognormal_nodes(self.mean, self.sigma, self.max))
 
+    def moments(self) -> tuple[float, float]:
+        """(E[r], E[r^2]): enough for any cost that is quadratic in the length (causal attention)."""
+        return _moments(self)
+
     def expected_max(self, n: int) -> float:
         """Expected longest response among n independent ones: how long a batch of n runs."""
         if n <= 1:
@@ -177,6 +181,11 @@ def _lognormal_nodes(mean: float, s: float, cap: float) -> tuple[tuple[float, fl
     rest = body * 2.0 ** -40  # below 1e-12 of the mass: counted at the cap
     nodes.append((float(cap), rest))
     return tuple(nodes)
+
+
+@cache
+def _moments(dist: LengthDistribution) -> tuple[float, float]:
+    return dist.mean, dist.expect(lambda r: r * r)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -14,7 +14,7 @@ DeepSeek-V3: 37.55B here, "37B" in the report).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from rpeg.errors import RpegError
@@ -52,6 +52,8 @@ class ModelSpec:
     kv_lora_rank: int = 0
     rope_head_dim: int = 0
     v_head_dim: int = 0  # 0: head_dim
+    # derived once on construction (a planner asks for them millions of times)
+    _counts: tuple[int, int, int] = field(default=(0, 0, 0), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
@@ -85,6 +87,11 @@ class ModelSpec:
             problems.append(f"ffn = {self.ffn} must be positive")
         if problems:
             raise RpegError(f"model {self.name!r}: " + "; ".join(problems))
+        layers = [self.layer_params(i) for i in range(self.layers)]
+        active = [self.layer_params(i, active=True) for i in range(self.layers)]
+        emb = self.embedding_params()
+        object.__setattr__(self, "_counts", (emb + sum(layers), emb + sum(active),
+                                             self.vocab * self.hidden + sum(active)))
 
     def replace(self, **changes) -> ModelSpec:
         return dataclasses.replace(self, **changes)
@@ -157,16 +164,15 @@ class ModelSpec:
         return emb + head + self.position_embeddings * self.hidden + self._norm_width()
 
     def params_total(self) -> int:
-        return self.embedding_params() + sum(self.layer_params(i) for i in range(self.layers))
+        return self._counts[0]
 
     def params_active(self) -> int:
-        return self.embedding_params() + sum(self.layer_params(i, active=True) for i in range(self.layers))
+        return self._counts[1]
 
     def params_matmul_active(self) -> int:
         """Weights multiplied per token in a forward pass: active layers and the output head
         (the input embedding is a lookup, not a matmul). 2 x this = FLOPs per token, less attention."""
-        head = self.vocab * self.hidden
-        return head + sum(self.layer_params(i, active=True) for i in range(self.layers))
+        return self._counts[2]
 
     # ---- per-token state ---------------------------------------------------------------------
     def kv_elements_per_token(self) -> int:

@@ -31,6 +31,8 @@ def to_data(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out = {}
         for f in dataclasses.fields(value):
+            if not f.init:  # derived on construction
+                continue
             v = getattr(value, f.name)
             if f.default is not dataclasses.MISSING and v == f.default and type(v) is type(f.default):
                 continue

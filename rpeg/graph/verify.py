@@ -325,8 +325,9 @@ def layout_problems(g: Graph, stage: Stage) -> list[str]:
             out.append(f"ep = {lay.ep} does not divide dp*cp*tp = {lay.dp}*{lay.cp}*{lay.tp} = "
                        f"{lay.dp * lay.cp * lay.tp}")
     if stage.kind is not Kind.TRAIN:
-        if lay.zero:
-            out.append(f"zero = {lay.zero} shards optimizer state, but a {stage.kind} stage has none")
+        if lay.zero and not (lay.zero == 3 and stage.kind in (Kind.INFER, Kind.REWARD)):
+            out.append(f"zero = {lay.zero} shards optimizer state or gradients, which a {stage.kind} stage does not "
+                       "have (a forward pass may shard its weights with zero = 3, as FSDP does)")
         if lay.recompute != "none":
             out.append(f"recompute = {lay.recompute} applies to training only, not to a {stage.kind} stage")
     if stage.kind is Kind.GENERATE and lay.cp > 1:

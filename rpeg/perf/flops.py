@@ -67,3 +67,23 @@ def recompute_flops(spec: ModelSpec, seq_len: float, recompute: str) -> float:
 def train_flops(spec: ModelSpec, seq_len: float, recompute: str = "none") -> float:
     """FLOPs of a training pass over one sequence: forward, backward (2x), recomputation."""
     return 3.0 * sequence_forward_flops(spec, seq_len) + recompute_flops(spec, seq_len, recompute)
+
+
+def expected_forward_flops(spec: ModelSpec, prompt: float, response) -> float:
+    """E[sequence_forward_flops(prompt + r)] for r ~ `response` (a LengthDistribution), exactly:
+    the cost is quadratic in the length, so the first two moments suffice."""
+    e_r, e_r2 = response.moments()
+    e_s = prompt + e_r
+    e_s2 = prompt * prompt + 2 * prompt * e_r + e_r2
+    return 2.0 * spec.params_matmul_active() * e_s + attention_flops_per_context_token(spec) * (e_s2 + e_s) / 2
+
+
+def expected_train_flops(spec: ModelSpec, prompt: float, response, recompute: str = "none") -> float:
+    """E[train_flops(prompt + r)] in closed form, as expected_forward_flops."""
+    e_r, e_r2 = response.moments()
+    e_s = prompt + e_r
+    e_s2 = prompt * prompt + 2 * prompt * e_r + e_r2
+    fwd = expected_forward_flops(spec, prompt, response)
+    attn = attention_flops_per_context_token(spec) * (e_s2 + e_s) / 2
+    extra = {"none": 0.0, "selective": attn, "full": fwd - head_flops_per_token(spec) * e_s}[recompute]
+    return 3.0 * fwd + extra

@@ -32,7 +32,7 @@ from rpeg.perf.compute import BF16, head_forward, layer_forward
 from rpeg.perf.cost import StageCost
 from rpeg.perf.efficiency import (DECODE_OVERHEAD_PER_SEQ_S, DECODE_STEP_OVERHEAD_S, KV_MEMORY_UTILIZATION,
                                   KV_MEMORY_UTILIZATION_COLOCATED, Factor)
-from rpeg.perf.flops import sequence_forward_flops
+from rpeg.perf.flops import expected_forward_flops
 
 MAX_NUM_SEQS = Factor(256, "vLLM's default cap on sequences in one batch (max_num_seqs)")
 _GOLDEN = (math.sqrt(5) - 1) / 2
@@ -191,7 +191,7 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
                             capacity_tokens=capacity, dtype=work.dtype)
     parts = tuple((k, sim[k]) for k in ("prefill", "decode", "tensor-parallel comm", "engine step overhead"))
     seconds = sum(v for _, v in parts)
-    flops = work.sequences * work.response.expect(lambda r: sequence_forward_flops(spec, work.prompt_len + r))
+    flops = work.sequences * expected_forward_flops(spec, work.prompt_len, work.response)
     weights = memory.weight_bytes_per_device(spec, engine_layout(spec, layout))
     kv_bytes = util * dev.hbm_capacity_bytes - weights
     return StageCost(stage=name, seconds=seconds, compute_s=sim["prefill"], memory_s=sim["decode"],

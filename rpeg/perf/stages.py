@@ -19,8 +19,9 @@ def attention_context(graph: Graph) -> float:
     """Mean keys per query of causal attention over the job's sequences: E[s^2] / (2 E[s])."""
     p = graph.job.prompt_len
     resp = graph.job.response
-    e_s = p + resp.mean
-    e_s2 = resp.expect(lambda r: (p + r) ** 2)
+    e_r, e_r2 = resp.moments()
+    e_s = p + e_r
+    e_s2 = p * p + 2 * p * e_r + e_r2
     return e_s2 / (2 * e_s)
 
 

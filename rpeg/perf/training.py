@@ -131,12 +131,15 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
         exposed = 1.0 if m == 1 else (1 - DP_OVERLAP.value)
         dp_s = sync * exposed
         if layout.zero == 3:  # parameters gathered before each micro-batch's forward and backward
-            gather = all_gather_s(cluster, params_dev * BF16 * dp, Group(dp, tp * cp))
+            gather = all_gather_s(cluster, params_dev * BF16, Group(dp, tp * cp))
             dp_s += max(0.0, 2 * m * gather - pipeline_s) + gather
         # ZeRO shards the optimizer state as the memory model does: dense over dp*cp, experts over dp*cp*tp/ep
         dense_dp, expert_dp = memory.data_parallel_groups(spec, layout) if layout.zero >= 1 else (1, 1)
         opt_s = (dense_params / dense_dp + expert_params / expert_dp) * OPTIMIZER_BYTES_PER_PARAM.value / (
             dev.hbm_bandwidth_bytes_per_s * HBM[dev.kind].value)
+    if work.forward_only and layout.zero == 3:  # FSDP forward: gather each micro-batch's weights, overlapped
+        gather = all_gather_s(cluster, params_dev * BF16, Group(dp, tp * cp))
+        dp_s = max(0.0, m * gather - pipeline_s) + gather
     per_step = pipeline_s + dp_s + opt_s
     steps = work.optimizer_steps
     total = per_step * steps

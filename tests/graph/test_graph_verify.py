@@ -244,8 +244,9 @@ def test_layout():
     assert_fires(edit(g, "actor_update", layout=ParallelLayout(pp=3)), "layout", "actor_update",
                  words="pp = 3 does not divide the 4 layers")
     assert_fires(edit(g, "advantages", layout=ParallelLayout(dp=2)), "layout", "advantages", words="runs no model")
-    assert_fires(edit(g, "actor_logprobs", layout=ParallelLayout(zero=3)), "layout", "actor_logprobs",
-                 words="zero = 3")
+    assert_fires(edit(g, "actor_logprobs", layout=ParallelLayout(zero=1)), "layout", "actor_logprobs",
+                 words="zero = 1")
+    assert not violations(edit(g, "actor_logprobs", layout=ParallelLayout(zero=3)))  # FSDP-sharded forward
     assert_fires(edit(g, "generate", layout=ParallelLayout(cp=2)), "layout", "generate",
                  words="not context-parallel")
     assert_fires(edit(g, "actor_update", layout=ParallelLayout(ep=2)), "layout", "actor_update",

@@ -96,7 +96,8 @@ def test_parallelize_shape_refusals():
 
 
 def test_parallelize_kind_refusals():
-    assert "zero = 3 shards optimizer state, but a generate stage has none" in refusal(build(), "generate", zero=3)
+    assert "zero = 3 shards optimizer state or gradients, which a generate stage does not have" in refusal(
+        build(), "generate", zero=3)
     assert "recompute = full applies to training only" in refusal(build(), "actor_logprobs", recompute="full")
     assert "cp = 2: generation decodes one token at a time" in refusal(build(), "generate", cp=2)
     assert "dp = 64 exceeds the 32 sequences" in refusal(build(), dp=64)

@@ -1,0 +1,62 @@
+"""NeMo-RL: colocated Megatron training and vLLM generation, synchronous; and async GRPO on
+dedicated generation GPUs.
+
+Sources: the NeMo-RL repository (NVIDIA-NeMo/RL) docs and example configs:
+`policy.megatron_cfg` (`tensor_model_parallel_size`, `pipeline_model_parallel_size`,
+`context_parallel_size`, `expert_model_parallel_size`, `sequence_parallel`,
+`activation_checkpointing`, the distributed optimizer), `policy.generation.vllm_cfg`
+(`tensor_parallel_size`), `policy.generation.colocated.enabled` (true by default; false with
+`colocated.resources` gives generation its own GPUs), and async GRPO
+(`grpo.async_grpo.max_trajectory_age_steps`, default 1). NeMo-RL has no paper; its predecessor is
+NeMo-Aligner (arXiv 2405.01481).
+
+`nemo-rl` models: k = 0; every stage on all GPUs (generation, logprobs, reference, training take
+turns; the refit from Megatron to vLLM is the colocated `actor_sync`, the offload/onload the
+context switch). Training and forward passes: any tp inside a node, pp, cp (1-8), EP for MoE, and
+ZeRO-1 (Megatron's distributed optimizer shards optimizer state only). Generation: vLLM tensor
+parallelism inside a node.
+
+`nemo-rl-one-step-off` models: k = 1 (max_trajectory_age_steps = 1); generation on its own half
+of the GPUs (whole nodes where each side can have one, else GPUs; one GPU: colocated), everything
+else on the other half; the refit crosses the halves.
+
+Left out: the DTensor (FSDP2 + TP) policy backend; in-flight weight updates during generation;
+vLLM pipeline parallelism and expert parallelism in the engine separate from training's;
+virtual pipeline stages; optimizer CPU offload; sequence packing beyond the perf model's default.
+"""
+
+from __future__ import annotations
+
+from rpeg.graph import Graph
+from rpeg.hardware.topology import Cluster
+from rpeg.passes import bound_asynchrony, colocate, place
+from rpeg.search.baselines.common import check_input, finish, generation_stages, node_divisors, split
+from rpeg.search.layouts import LayoutCache, LayoutOptions
+
+GENERATION_SHARE = 0.5  # nemo-rl-one-step-off
+MAX_TRAJECTORY_AGE_STEPS = 1
+
+
+def options(cluster: Cluster) -> LayoutOptions:
+    return LayoutOptions(train_tp=node_divisors(cluster), train_pp=None, train_cp=(1, 2, 4, 8), zero=(1,),
+                         recompute=("none", "selective", "full"), gen_tp=node_divisors(cluster), gen_pp=(1,),
+                         expert_parallel=True, sequence_parallel=True)
+
+
+def build(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Graph | None:
+    check_input(graph, cluster, gpus, "nemo-rl")
+    g = bound_asynchrony(graph, 0)
+    g = colocate(g, gpus)  # policy.generation.colocated.enabled = true
+    return finish(g, cluster, options(cluster), cache, "nemo-rl")
+
+
+def build_one_step_off(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Graph | None:
+    check_input(graph, cluster, gpus, "nemo-rl-one-step-off")
+    g = bound_asynchrony(graph, MAX_TRAJECTORY_AGE_STEPS)
+    counts = split(gpus, cluster.gpus_per_node, (GENERATION_SHARE, 1 - GENERATION_SHARE))
+    if counts is None:
+        g = colocate(g, gpus)
+    else:
+        g = place(g, {"generation": counts[0], "train": counts[1]},
+                  assign={s: "generation" for s in generation_stages(g)}, default="train")
+    return finish(g, cluster, options(cluster), cache, "nemo-rl-one-step-off")

@@ -1,0 +1,62 @@
+"""verl (HybridFlow): every role colocated on one pool, synchronous; and its one-step-off recipe.
+
+Sources: Sheng et al., "HybridFlow: A Flexible and Efficient RLHF Framework" (arXiv 2409.19256),
+§4 (hybrid programming model, `ActorRolloutRefWorker`), §5 (3D-HybridEngine); the verl repository
+docs: `ResourcePoolManager` maps roles to resource pools (the default `global_pool` holds every
+role), the FSDP workers (`actor_rollout_ref.actor.fsdp_config`, `ulysses_sequence_parallel_size`,
+`enable_gradient_checkpointing`), the rollout's `tensor_model_parallel_size` (vLLM / SGLang), and
+`recipe/one_step_off_policy` (rollout on its own pool, generation one step ahead; PEERS.md: 4 of
+16 H20 GPUs for rollout).
+
+What `verl` models: k = 0; one device group of all GPUs holding actor, rollout, reference,
+critic and reward model, which take turns and pay the train <-> generation context switch (vLLM
+sleep mode, offloading the FSDP state); the 3D-HybridEngine's resharding is the colocated
+`actor_sync`. Training and every forward pass use FSDP (ZeRO-3, tp 1, pp 1, any recomputation),
+with Ulysses context parallelism of 1 or 2; the rollout uses tensor parallelism inside a node.
+
+`verl-one-step-off` models: k = 1; a rollout pool of a quarter of the GPUs (whole nodes, at least
+one; inside one node, a quarter of its GPUs) that runs generation only, and a training pool of
+the rest that runs every other role; the weight sync crosses the pools. With one GPU there is
+nothing to split: everything is colocated (k stays 1).
+
+Left out: verl's Megatron backend (TP/PP/CP/EP training) and `fully_async_policy` (fractional
+staleness, partial rollout); dynamic batch sizes and parameter/optimizer CPU offload; the
+reference and critic running as FSDP-sharded forward passes (our inference layouts keep a full
+replica per device at tp 1, so a model that only fits sharded makes the plan None); running
+actor and critic updates in parallel, which verl does only on separate pools.
+"""
+
+from __future__ import annotations
+
+from rpeg.graph import Graph
+from rpeg.hardware.topology import Cluster
+from rpeg.passes import bound_asynchrony, colocate, place
+from rpeg.search.baselines.common import check_input, finish, generation_stages, node_divisors, split
+from rpeg.search.layouts import LayoutCache, LayoutOptions
+
+ROLLOUT_SHARE = 0.25  # verl-one-step-off: the rollout pool's share of the GPUs
+
+
+def options(cluster: Cluster) -> LayoutOptions:
+    return LayoutOptions(train_tp=(1,), train_pp=(1,), train_cp=(1, 2), zero=(3,),
+                         recompute=("none", "selective", "full"), gen_tp=node_divisors(cluster), gen_pp=(1,),
+                         expert_parallel=False, sequence_parallel=False)
+
+
+def build(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Graph | None:
+    check_input(graph, cluster, gpus, "verl")
+    g = bound_asynchrony(graph, 0)  # synchronous PPO / GRPO trainer
+    g = colocate(g, gpus)  # one global resource pool for every role
+    return finish(g, cluster, options(cluster), cache, "verl")
+
+
+def build_one_step_off(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Graph | None:
+    check_input(graph, cluster, gpus, "verl-one-step-off")
+    g = bound_asynchrony(graph, 1)  # generation of step t + 1 overlaps training of step t
+    counts = split(gpus, cluster.gpus_per_node, (ROLLOUT_SHARE, 1 - ROLLOUT_SHARE))
+    if counts is None:
+        g = colocate(g, gpus)
+    else:
+        g = place(g, {"rollout": counts[0], "train": counts[1]},
+                  assign={s: "rollout" for s in generation_stages(g)}, default="train")
+    return finish(g, cluster, options(cluster), cache, "verl-one-step-off")

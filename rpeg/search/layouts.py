@@ -1,0 +1,146 @@
+"""The fastest parallel layout for one stage on its device group, within memory.
+
+Given where a stage runs, its layout can be chosen on its own (the other stages' layouts do not
+change its time), so the search picks layouts stage by stage and remembers them: the same stage
+on a group of the same size is costed once per search. `LayoutOptions` restricts the space, so a
+baseline can be held to what its system supports (FSDP only, ZeRO-3 only, ...).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from rpeg.graph import Graph, Kind, ParallelLayout, Stage
+from rpeg.graph.verify import layout_problems
+from rpeg.hardware.topology import Cluster
+from rpeg.perf.cost import StageCost
+from rpeg.perf.stages import stage_cost
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutOptions:
+    """What a system can do. None: anything our model covers."""
+
+    train_tp: tuple[int, ...] | None = None
+    train_pp: tuple[int, ...] | None = None
+    train_cp: tuple[int, ...] = (1, 2)
+    zero: tuple[int, ...] = (1, 3)
+    infer_zero: tuple[int, ...] = (0, 3)  # forward passes: whole weights, or FSDP-sharded
+    recompute: tuple[str, ...] = ("none", "selective", "full")
+    gen_tp: tuple[int, ...] | None = None
+    gen_pp: tuple[int, ...] = (1,)
+    expert_parallel: bool = True
+    sequence_parallel: bool = True
+    max_pp: int = 16
+
+
+@dataclass
+class LayoutCache:
+    """Memo of the best layout per (stage shape, group size); one per search, no global state."""
+
+    best: dict[tuple, tuple[ParallelLayout, StageCost] | None] = field(default_factory=dict)
+    evaluated: int = 0
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(graph: Graph, stage: Stage, devices: int, node: int, opts: LayoutOptions) -> list[ParallelLayout]:
+    spec = graph.model(stage.model).spec
+    train = stage.kind is Kind.TRAIN
+    infer = stage.kind in (Kind.INFER, Kind.REWARD)
+    out = []
+    if stage.kind is Kind.GENERATE:
+        # inside a node first; engines spanning nodes only when nothing smaller fits (best_layout)
+        tps = opts.gen_tp or tuple(d for d in _divisors(devices) if d <= max(node, 1) * 8)
+        for tp in tps:
+            for pp in opts.gen_pp:
+                if devices % (tp * pp):
+                    continue
+                ep_opts = [1]
+                if spec.is_moe and opts.expert_parallel and tp > 1:
+                    ep_opts.append(tp)
+                for ep in ep_opts:
+                    out.append(ParallelLayout(dp=devices // (tp * pp), tp=tp, pp=pp, ep=ep,
+                                              pp_uneven=bool(spec.layers % pp)))
+        return out
+    tps = opts.train_tp or tuple(d for d in _divisors(min(devices, node)))
+    pps = opts.train_pp or tuple(d for d in _divisors(devices) if d <= min(opts.max_pp, spec.layers))
+    cps = opts.train_cp if train else (1,)
+    zeros = opts.zero if train else opts.infer_zero
+    recs = opts.recompute if train else ("none",)
+    for tp in tps:
+        for pp in pps:
+            for cp in cps:
+                if devices % (tp * pp * cp):
+                    continue
+                dp = devices // (tp * pp * cp)
+                eps = [1]
+                if spec.is_moe and opts.expert_parallel:
+                    eps = [e for e in _divisors(spec.experts) if (dp * cp * tp) % e == 0 and e <= 64]
+                for ep in eps:
+                    for zero in zeros:
+                        for rec in recs:
+                            sp = opts.sequence_parallel and tp > 1 and (train or infer)
+                            out.append(ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, recompute=rec,
+                                                      sequence_parallel=sp, pp_uneven=bool(spec.layers % pp)))
+    return out
+
+
+def _key(graph: Graph, stage: Stage, cluster: Cluster, opts: LayoutOptions) -> tuple:
+    grp = graph.group(stage.group)
+    colocated = any(s.kind is Kind.TRAIN and s.group and graph.group(s.group).overlaps(grp) for s in graph.stages)
+    return (graph.job, graph.config, stage.kind, stage.greedy, stage.sequences, stage.passes, stage.microbatches,
+            graph.model(stage.model), grp.count, colocated, cluster.name, cluster.gpus, opts)
+
+
+def best_layout(graph: Graph, stage: Stage, cluster: Cluster, opts: LayoutOptions,
+                cache: LayoutCache) -> tuple[ParallelLayout, StageCost] | None:
+    """The layout with the least time that fits, or None when none fits."""
+    key = _key(graph, stage, cluster, opts)
+    if key in cache.best:
+        return cache.best[key]
+    devices = graph.group(stage.group).count
+    best: tuple[ParallelLayout, StageCost] | None = None
+    # Within one shape (tp, pp, cp, ep) the options are tried from the cheapest up - ZeRO-1 before
+    # ZeRO-3, no recomputation before selective before full - and the first that fits is kept:
+    # a costlier option that also fits is never faster. Generation tries engines inside a node
+    # before engines across nodes.
+    order = {"none": 0, "selective": 1, "full": 2}
+    shapes: dict[tuple, list[ParallelLayout]] = {}
+    for lay in candidates(graph, stage, devices, cluster.gpus_per_node, opts):
+        shapes.setdefault((lay.tp, lay.pp, lay.cp, lay.ep), []).append(lay)
+    node = cluster.gpus_per_node
+    tiers = [[k for k in shapes if k[0] * k[1] <= node], [k for k in shapes if k[0] * k[1] > node]]
+    for tier in tiers:
+        for shape in tier:
+            for lay in sorted(shapes[shape], key=lambda x: (x.zero, order[x.recompute])):  # zero 0 < 1 < 3
+                trial = stage.replace(layout=lay)
+                if layout_problems(graph, trial):
+                    continue
+                cost = stage_cost(graph.with_stages([trial]), trial, cluster)
+                cache.evaluated += 1
+                if not cost.fits or not math.isfinite(cost.seconds):
+                    continue
+                if best is None or cost.seconds < best[1].seconds - 1e-12:
+                    best = (lay, cost)
+                break
+        if best is not None and stage.kind is Kind.GENERATE:
+            break
+    cache.best[key] = best
+    return best
+
+
+def apply_layouts(graph: Graph, cluster: Cluster, opts: LayoutOptions, cache: LayoutCache) -> Graph | None:
+    """Every model-running stage at its best layout; None if some stage fits in no layout."""
+    chosen = []
+    for s in graph.stages:
+        if s.model is None or s.kind is Kind.SYNC:
+            continue
+        found = best_layout(graph, s, cluster, opts, cache)
+        if found is None:
+            return None
+        chosen.append(s.replace(layout=found[0]))
+    return graph.with_stages(chosen)
