@@ -8,6 +8,7 @@
     rpeg predict JOB.yaml [--cluster C --gpus N]   per-stage time, memory per GPU, OOM verdict
     rpeg validate FILE.yaml [--json]        the performance model against published measurements
     rpeg plan JOB.yaml --cluster C --gpus N  the best plan beside verl's, ReaL's, ... (trace, Gantt)
+    rpeg train JOB.yaml [--resume]          train for real on Ray + PyTorch (the job's runtime section)
     rpeg hardware                           device and cluster presets with their figures
     rpeg calibrate                          measure this machine (the cpu-local device)
 
@@ -257,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     from rpeg import cli_plan
 
     cli_plan.add_parser(sub, _job_options)
+    from rpeg import cli_train
+
+    cli_train.add_parser(sub)
     return p
 
 

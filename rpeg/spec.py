@@ -27,7 +27,7 @@ from rpeg.graph import Graph, Job, ModelSpec, get_model
 from rpeg.graph.serde import from_data, read_yaml_file
 from rpeg.passes import PassPipeline
 
-KEYS = ("algorithm", "model", "reward", "critic", "reference", "job", "config", "passes", "cluster", "gpus")
+KEYS = ("algorithm", "model", "reward", "critic", "reference", "job", "config", "passes", "cluster", "gpus", "runtime")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +39,7 @@ class JobSpec:
     passes: PassPipeline
     cluster: str | None = None  # a preset name or a cluster file, for `rpeg predict`
     gpus: int | None = None
+    runtime: dict[str, Any] | None = None  # `rpeg train`'s section (rpeg.runtime.config.RuntimeConfig)
 
     def graph(self) -> Graph:
         """The algorithm's graph with the job's passes applied."""
@@ -83,7 +84,16 @@ def spec_from_data(data: Any, source: str = "job") -> JobSpec:
     if cluster is not None and not isinstance(cluster, str):
         raise RpegError(f"{source}: cluster must be a preset name or a file path, got {cluster!r}")
     return JobSpec(algorithm=algorithm, models=models, job=job, config=dict(config),
-                   passes=PassPipeline.from_data(data.get("passes")), cluster=cluster, gpus=gpus)
+                   passes=PassPipeline.from_data(data.get("passes")), cluster=cluster, gpus=gpus,
+                   runtime=_runtime_section(data.get("runtime"), source))
+
+
+def _runtime_section(data: Any, source: str) -> dict[str, Any] | None:
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise RpegError(f"{source}: runtime must be a mapping (see rpeg/runtime/config.py)")
+    return dict(data)
 
 
 def load_spec(path: str) -> JobSpec:

@@ -42,6 +42,8 @@ def to_data(value: Any) -> Any:
         return value.value
     if isinstance(value, (tuple, list)):
         return [to_data(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_data(v) for k, v in value.items()}
     return value
 
 
@@ -69,6 +71,11 @@ def from_data(tp: Any, data: Any, where: str = "") -> Any:
             allowed = ", ".join(map(repr, get_args(tp)))
             raise RpegError(f"{here}: {data!r} is not one of {allowed}")
         return data
+    if origin is dict:
+        if not isinstance(data, dict):
+            raise RpegError(f"{here}: expected a mapping, got {_show(data)}")
+        kt, vt = get_args(tp) or (Any, Any)
+        return {from_data(kt, k, f"{where}.{k}"): from_data(vt, v, f"{where}.{k}") for k, v in data.items()}
     if origin is tuple:
         args = get_args(tp)
         if not isinstance(data, (list, tuple)):

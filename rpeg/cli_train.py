@@ -1,0 +1,65 @@
+"""`rpeg train JOB.yaml`: train for real with the plan the job gives, or the one chosen for this machine."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from rpeg.errors import RpegError
+
+
+def add_parser(sub) -> None:
+    tr = sub.add_parser("train", help="train with RL on Ray + PyTorch (the job's runtime section)")
+    tr.add_argument("job", metavar="JOB.yaml", help="a job file with a runtime section")
+    tr.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the output folder")
+    tr.add_argument("--out", help="output folder (default: the job's runtime.out)")
+    tr.add_argument("--steps", type=int, help="RL steps (default: the job's runtime.steps)")
+    tr.add_argument("--address", help="a Ray cluster to join (default: RAY_ADDRESS, else a private local one)")
+    tr.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tr.set_defaults(fn=cmd_train)
+
+
+def runnable_plan(graph, cluster, gpus: int):
+    """The fastest plan the runtime can honour: data parallelism only, whole batches, no streaming."""
+    from rpeg.search import LayoutOptions, SpaceOptions, search
+
+    options = LayoutOptions(train_tp=(1,), train_pp=(1,), train_cp=(1,), zero=(3,), infer_zero=(0,), gen_tp=(1,),
+                            expert_parallel=False, sequence_parallel=False)
+    space = SpaceOptions(share=False, fuse=True, stream=False, placements=("colocated", "split"))
+    result = search(graph, cluster, gpus, max_staleness=1, options=options, space=space, budget=200)
+    for cand in result.ranked:
+        from rpeg.runtime.plan_check import check_plan
+
+        try:
+            check_plan(cand.graph)
+            return cand
+        except RpegError:
+            continue
+    raise RpegError("no plan the runtime can run was found for this job on this machine")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from rpeg.graph.serde import from_data
+    from rpeg.hardware import load_cluster
+    from rpeg.runtime.config import RuntimeConfig
+    from rpeg.runtime.run import run
+    from rpeg.spec import load_spec
+
+    spec = load_spec(args.job)
+    if spec.runtime is None:
+        raise RpegError(f"{args.job}: no runtime section (what model, task and steps to train)")
+    rt = from_data(RuntimeConfig, spec.runtime, "runtime")
+    changes = {k: v for k, v in (("out", args.out), ("steps", args.steps), ("address", args.address)) if v}
+    rt = rt.replace(**changes)
+    graph = spec.graph()
+    if not graph.groups:
+        cluster = load_cluster(spec.cluster or "cpu-local", spec.gpus or 1)
+        cand = runnable_plan(graph, cluster, spec.gpus or 1)
+        graph = cand.graph
+        print(f"plan for {cluster.name} x {spec.gpus or 1}: {cand.name} (predicted {cand.step_s:.2f} s per step)")
+    result = run(graph, rt, resume=args.resume, progress=not args.no_progress)
+    last = result.metrics[-1] if result.metrics else {}
+    print(f"held-out accuracy {result.accuracy_before:.3f} -> {result.accuracy_after:.3f} after {len(result.metrics)} "
+          f"steps; mean step {result.timeline.step_s:.2f} s; last reward {last.get('reward', 0):.3f}")
+    print("wrote " + ", ".join(os.path.relpath(f) for f in result.files))
+    return 0

@@ -1,0 +1,68 @@
+"""Rollout batches: prompts and responses of one step as padded tensors, with per-token fields.
+
+Layout: every sequence is its prompt, left-padded to the batch's longest prompt P, then its
+response, right-padded to the longest response R; L = P + R. Per-token fields are *shifted*:
+position t holds the value for predicting token t + 1 (so a (B, L - 1) tensor), and
+`mask` (B, L - 1) is 1 where token t + 1 is a response token. This is the shape the advantage
+estimators and losses in `rpeg.runtime.algos` take.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # (B, L) prompt (left-padded) + response (right-padded)
+    attention_mask: torch.Tensor  # (B, L) 1 on real tokens
+    mask: torch.Tensor  # (B, L-1) float, 1 where the next token is a response token
+    prompt_len: int  # P
+    group_index: torch.Tensor  # (B,) which prompt each sequence answers
+    weight_version: torch.Tensor  # (B,) actor version that sampled each response
+    rollout_logprobs: torch.Tensor  # (B, L-1) the engine's logprobs of the sampled tokens
+    scores: torch.Tensor | None = None  # (B,) reward per sequence
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # old/ref logprobs, values, ...
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    def position_ids(self) -> torch.Tensor:
+        return (self.attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+    def select(self, idx: torch.Tensor) -> Batch:
+        """The sequences at `idx` (a mini- or micro-batch)."""
+        return replace(self, input_ids=self.input_ids[idx], attention_mask=self.attention_mask[idx],
+                       mask=self.mask[idx], group_index=self.group_index[idx], weight_version=self.weight_version[idx],
+                       rollout_logprobs=self.rollout_logprobs[idx],
+                       scores=None if self.scores is None else self.scores[idx],
+                       extras={k: v[idx] for k, v in self.extras.items()})
+
+    def response_lengths(self) -> torch.Tensor:
+        return self.mask.sum(-1)
+
+
+def build_batch(prompts: list[list[int]], responses: list[list[int]], logprobs: list[list[float]],
+                group_index: list[int], versions: list[int], pad_id: int) -> Batch:
+    """Pad prompts left and responses right into one Batch."""
+    b = len(prompts)
+    p = max(len(x) for x in prompts)
+    r = max(1, max(len(x) for x in responses))
+    ids = torch.full((b, p + r), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, p + r), dtype=torch.long)
+    mask = torch.zeros((b, p + r - 1))
+    lps = torch.zeros((b, p + r - 1))
+    for i, (pr, rs, lp) in enumerate(zip(prompts, responses, logprobs)):
+        ids[i, p - len(pr):p] = torch.tensor(pr, dtype=torch.long)
+        attn[i, p - len(pr):p] = 1
+        if rs:
+            ids[i, p:p + len(rs)] = torch.tensor(rs, dtype=torch.long)
+            attn[i, p:p + len(rs)] = 1
+            mask[i, p - 1:p - 1 + len(rs)] = 1.0
+            lps[i, p - 1:p - 1 + len(rs)] = torch.tensor(lp, dtype=torch.float32)
+    return Batch(input_ids=ids, attention_mask=attn, mask=mask, prompt_len=p,
+                 group_index=torch.tensor(group_index, dtype=torch.long),
+                 weight_version=torch.tensor(versions, dtype=torch.long), rollout_logprobs=lps)

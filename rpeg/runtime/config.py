@@ -1,0 +1,65 @@
+"""RuntimeConfig: what `rpeg train` needs beyond the plan — weights, task, steps, optimizer, outputs.
+
+In a job file it is the `runtime:` section:
+
+    runtime:
+      model_path: tiny          # a local Hugging Face folder, or `tiny` to build the tiny model
+      task: {name: arithmetic, ops: [add], level: 2}
+      steps: 40
+      lr: 2.0e-5
+      warmup_sft_steps: 300     # supervised warm-up on the task's answers, so rewards are not all zero
+      eval_every: 10
+      checkpoint_every: 10
+      out: runs/demo
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rpeg.errors import RpegError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RuntimeConfig:
+    model_path: str = "tiny"
+    task: dict[str, Any] = field(default_factory=lambda: {"name": "arithmetic"})
+    steps: int = 20
+    seed: int = 0
+    lr: float = 2e-5
+    warmup_steps: int = 0
+    grad_clip: float = 1.0
+    micro_batch: int = 64
+    temperature: float = 1.0
+    max_new_tokens: int = 8
+    warmup_sft_steps: int = 0
+    sft_lr: float = 3e-3
+    sft_batch: int = 64
+    eval_every: int = 10
+    eval_size: int = 200
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 2
+    out: str = "rpeg-out/run"
+    engine: Literal["hf", "vllm"] = "hf"
+    threads: int = 0  # torch threads per worker (0: the worker's CPU share)
+    address: str = ""  # a Ray cluster to join ("" : RAY_ADDRESS, else a private local cluster)
+    deterministic: bool = True
+
+    def __post_init__(self) -> None:
+        problems = [f"{f} = {getattr(self, f)} must be positive" for f in ("steps", "micro_batch", "max_new_tokens",
+                                                                            "eval_size", "sft_batch")
+                    if getattr(self, f) <= 0]
+        problems += [f"{f} = {getattr(self, f)} must be >= 0" for f in ("warmup_sft_steps", "eval_every",
+                                                                        "checkpoint_every", "warmup_steps", "threads")
+                     if getattr(self, f) < 0]
+        if self.lr <= 0 or self.sft_lr <= 0:
+            problems.append("lr and sft_lr must be positive")
+        if not isinstance(self.task, dict) or "name" not in self.task:
+            problems.append("task must be a mapping with a name, e.g. {name: arithmetic}")
+        if problems:
+            raise RpegError("runtime: " + "; ".join(problems))
+
+    def replace(self, **changes) -> RuntimeConfig:
+        return dataclasses.replace(self, **changes)

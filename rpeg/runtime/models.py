@@ -1,0 +1,83 @@
+"""Models and tokenizers for the runtime: any local Hugging Face folder, or a tiny one built here.
+
+`build_tiny(path)` writes a 4-layer Qwen2-architecture model (the `tiny-qwen2` preset's shape) and
+a character-level tokenizer to a folder with `save_pretrained` (safetensors), so tests and the
+demo never download anything. `load(path)` loads any local model folder with
+`AutoModelForCausalLM` / `AutoTokenizer` and refuses a missing folder with a clear error.
+"""
+
+from __future__ import annotations
+
+import os
+import string
+
+from rpeg.errors import RpegError
+
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+CHARS = string.digits + "+-*/=()., :>#?\n" + string.ascii_lowercase + string.ascii_uppercase + "\\{}[]_^$"
+
+
+def quiet() -> None:
+    """No progress bars or advisory warnings from transformers in our output."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def build_tokenizer():
+    """A character-level tokenizer: every character is a token; <pad>, <bos>, <eos>, <unk>."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + list(dict.fromkeys(CHARS)))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                   unk_token="<unk>", padding_side="left")
+
+
+def build_tiny(path: str, seed: int = 0) -> str:
+    """Write the tiny model and its tokenizer to `path`; returns the path."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from rpeg.graph import get_model
+
+    quiet()
+    spec = get_model("tiny-qwen2")
+    tokenizer = build_tokenizer()
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=spec.hidden, intermediate_size=spec.ffn,
+                         num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
+                         num_key_value_heads=spec.kv_heads, max_position_embeddings=512, tie_word_embeddings=True,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, rope_theta=10000.0)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def load(path: str, dtype=None):
+    """(model, tokenizer) from a local folder."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    quiet()
+    if not os.path.isdir(path):
+        raise RpegError(f"model folder {path!r} does not exist (build the tiny one with model: tiny, or give a "
+                        "local Hugging Face folder)")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        raise RpegError(f"model folder {path!r} has no config.json: not a Hugging Face model folder")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+    except (OSError, ValueError) as e:
+        raise RpegError(f"cannot load the model in {path!r}: {str(e).splitlines()[0]}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return model, tokenizer

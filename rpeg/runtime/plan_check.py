@@ -1,0 +1,37 @@
+"""What the runtime can honour today, checked before anything starts."""
+
+from __future__ import annotations
+
+from rpeg.errors import RpegError
+from rpeg.graph import Graph, Kind
+
+SUPPORTED = ("ppo", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dr_grpo")
+
+
+def check_plan(graph: Graph) -> None:
+    """Raise RpegError with the reason if the runtime cannot run `graph` exactly as planned."""
+    if graph.algorithm not in SUPPORTED:
+        raise RpegError(f"the runtime trains {', '.join(SUPPORTED)}; {graph.algorithm} (its greedy baseline or "
+                        "dynamic sampling) is planned but not executed yet")
+    if not graph.groups:
+        raise RpegError("the plan places no stage on devices")
+    for s in graph.stages:
+        if s.kind is Kind.REWARD and s.model is not None:
+            raise RpegError(f"stage {s.name!r} runs a reward model; the runtime scores with task rules only")
+        lay = s.layout
+        if s.model and s.kind is not Kind.SYNC and lay is None:
+            raise RpegError(f"stage {s.name!r} has no parallel layout")
+        if lay and (lay.tp > 1 or lay.pp > 1 or lay.cp > 1 or lay.ep > 1):
+            raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime runs data parallelism (FSDP2) "
+                            "only so far; tensor, pipeline, context and expert parallelism are planned, not executed")
+    if graph.streams:
+        raise RpegError("the plan streams micro-batches between stages; the runtime hands whole batches over")
+    for group in graph.fusion:
+        if set(group) != {"generate", "actor_logprobs"}:
+            raise RpegError(f"the runtime fuses generation with the policy's logprobs only, not ({', '.join(group)})")
+    gen = graph.stage("generate")
+    train = graph.stage("actor_update")
+    if graph.group(gen.group).overlaps(graph.group(train.group)):
+        if gen.layout.dp != 1 or train.layout.dp != 1 or graph.group(gen.group) != graph.group(train.group):
+            raise RpegError("a colocated plan runs on one device in the runtime (generation and training share "
+                            "its process); give generation its own devices to use data parallelism")

@@ -1,0 +1,102 @@
+"""Rollout engines behind one interface: sample responses, report their logprobs, take new weights.
+
+`hf` (the default on CPU): a batched sampling loop over a Hugging Face causal LM with its KV cache;
+it returns the log-probability of every sampled token under the sampling distribution
+(temperature applied), so the trainer's importance ratios start from exact behaviour logprobs.
+`vllm`: vLLM's offline engine, for GPU users (see rpeg/runtime/vllm_engine.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    greedy: bool = False
+
+
+class RolloutEngine(Protocol):
+    version: int
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> tuple[
+        list[list[int]], list[list[float]]]: ...
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None: ...
+
+
+class HFEngine:
+    """Batched sampling with a KV cache on a Hugging Face model (CPU or one GPU)."""
+
+    def __init__(self, model, eos_id: int, pad_id: int, batch_size: int = 256):
+        import inspect
+
+        self.model = model.eval()
+        self.eos_id, self.pad_id, self.batch_size = eos_id, pad_id, batch_size
+        self.version = 0
+        # transformers 5.x names the KV cache argument `cache`; 4.x `past_key_values`
+        self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        self.model.load_state_dict(state_dict, strict=True)
+        self.version = version
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        responses: list[list[int]] = []
+        logprobs: list[list[float]] = []
+        for start in range(0, len(prompts), self.batch_size):
+            r, lp = self._generate(prompts[start:start + self.batch_size], params, gen)
+            responses += r
+            logprobs += lp
+        return responses, logprobs
+
+    def _generate(self, prompts: list[list[int]], params: SamplingParams, gen: torch.Generator):
+        b = len(prompts)
+        p = max(len(x) for x in prompts)
+        ids = torch.full((b, p), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((b, p), dtype=torch.long)
+        for i, x in enumerate(prompts):
+            ids[i, p - len(x):] = torch.tensor(x, dtype=torch.long)
+            attn[i, p - len(x):] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        past = None
+        cur, cur_pos = ids, pos
+        done = torch.zeros(b, dtype=torch.bool)
+        tokens, lps = [], []
+        for _ in range(params.max_new_tokens):
+            out = self.model(input_ids=cur, attention_mask=attn, position_ids=cur_pos, use_cache=True,
+                             **{self._cache_arg: past})
+            past = getattr(out, self._cache_arg)
+            logits = out.logits[:, -1, :].float()
+            logp = torch.log_softmax(logits / max(params.temperature, 1e-6), dim=-1)
+            if params.greedy:
+                tok = logp.argmax(-1)
+            else:
+                tok = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
+            lp = logp.gather(-1, tok[:, None]).squeeze(-1)
+            tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
+            lp = torch.where(done, torch.zeros_like(lp), lp)
+            tokens.append(tok)
+            lps.append(lp)
+            done = done | (tok == self.eos_id)
+            if bool(done.all()):
+                break
+            cur = tok[:, None]
+            attn = torch.cat([attn, (~done).long()[:, None] | 1], dim=1)
+            cur_pos = cur_pos[:, -1:] + 1
+        toks = torch.stack(tokens, 1) if tokens else torch.zeros((b, 0), dtype=torch.long)
+        lpt = torch.stack(lps, 1) if lps else torch.zeros((b, 0))
+        responses, logprobs = [], []
+        for i in range(b):
+            row, lrow = toks[i].tolist(), lpt[i].tolist()
+            n = row.index(self.eos_id) + 1 if self.eos_id in row else len(row)
+            responses.append(row[:n])
+            logprobs.append(lrow[:n])
+        return responses, logprobs

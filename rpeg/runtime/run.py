@@ -1,0 +1,457 @@
+"""run(plan, job): train for real, as the plan says, on a Ray cluster.
+
+A private local Ray cluster starts by itself (its own temp dir, no dashboard) unless the runtime
+config or RAY_ADDRESS names one. Workers are placed per the plan: a colocated plan runs
+generation, reference and training in one worker process (the engine samples with the trainer's
+model); a disaggregated plan runs `dp` generation engines and an FSDP2 training group of `dp`
+ranks, and ships new weights through the Ray object store. Bounded asynchrony: generation for
+step s + j is launched as soon as it may run on the current weights (j <= k); every sample
+records the weight version it came from.
+
+Outputs under `out/`: metrics.jsonl (a line per step), reward.png, timeline.json (Chrome trace,
+the simulator's format) and gantt.png, checkpoints/ (atomic; `resume=True` continues exactly).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from rpeg.errors import RpegError
+from rpeg.graph import Graph, Kind
+from rpeg.runtime import algos
+from rpeg.runtime.batch import Batch, build_batch
+from rpeg.runtime.config import RuntimeConfig
+from rpeg.runtime.plan_check import check_plan
+from rpeg.runtime.rollout import SamplingParams
+from rpeg.runtime.trainer import OptimConfig
+from rpeg.sim.timeline import Record, Timeline
+
+
+@dataclass
+class RunResult:
+    metrics: list[dict]
+    timeline: Timeline
+    accuracy_before: float
+    accuracy_after: float
+    out: str
+    files: list[str] = field(default_factory=list)
+
+
+class _Ray:
+    """A Ray session: the user's cluster, or a private local one we start and stop."""
+
+    def __init__(self, address: str):
+        import ray
+
+        self.ray = ray
+        self.tmp = None
+        if ray.is_initialized():
+            self.owned = False
+            return
+        address = address or os.environ.get("RAY_ADDRESS", "")
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            self.tmp = tempfile.mkdtemp(prefix="rpeg-ray-")
+            ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, _temp_dir=self.tmp, log_to_driver=False,
+                     configure_logging=False)
+        self.owned = True
+
+    def close(self) -> None:
+        if self.owned:
+            self.ray.shutdown()
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _prepare_model(rt: RuntimeConfig, task, out: str, resume: bool) -> tuple[str, object]:
+    """The model folder the workers load: the given one, or the tiny one, after the SFT warm-up."""
+    from rpeg.runtime.models import build_tiny, load
+    from rpeg.runtime.sft import supervised_warmup
+
+    warm = os.path.join(out, "warm-model")
+    if resume and os.path.exists(os.path.join(warm, "config.json")):
+        return warm, load(warm)[1]
+    src = rt.model_path
+    if src == "tiny":
+        src = build_tiny(os.path.join(out, "tiny-model"), seed=rt.seed)
+    model, tok = load(src)
+    if rt.warmup_sft_steps:
+        problems = task.problems("train", max(2000, rt.sft_batch * 4), seed=rt.seed + 7)
+        supervised_warmup(model, tok, problems, steps=rt.warmup_sft_steps, lr=rt.sft_lr, batch=rt.sft_batch,
+                          seed=rt.seed)
+    model.save_pretrained(warm, safe_serialization=True)
+    tok.save_pretrained(warm)
+    return warm, tok
+
+
+def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool = True) -> RunResult:
+    from rpeg.tasks import get_task
+
+    check_plan(graph)
+    task = get_task(**rt.task) if isinstance(rt.task, dict) else get_task(rt.task)
+    os.makedirs(rt.out, exist_ok=True)
+    ckpt_dir = os.path.join(rt.out, "checkpoints")
+    state = _load_latest(ckpt_dir) if resume else None
+    if resume and state is None:
+        raise RpegError(f"--resume: no checkpoint under {ckpt_dir}")
+    if not resume:
+        for name in ("metrics.jsonl",):
+            if os.path.exists(os.path.join(rt.out, name)):
+                os.remove(os.path.join(rt.out, name))
+    model_path, tok = _prepare_model(rt, task, rt.out, resume)
+    session = _Ray(rt.address)
+    try:
+        runner = _Runner(graph, rt, task, tok, model_path, session.ray)
+        return runner.loop(state, progress)
+    finally:
+        session.close()
+
+
+class _Runner:
+    def __init__(self, graph: Graph, rt: RuntimeConfig, task, tok, model_path: str, ray):
+        from rpeg.runtime import workers as W
+
+        self.g, self.rt, self.task, self.tok, self.ray = graph, rt, task, tok, ray
+        self.job = graph.job
+        cfg = graph.config
+        gen, train = graph.stage("generate"), graph.stage("actor_update")
+        self.colocated = graph.group(gen.group).overlaps(graph.group(train.group))
+        self.k = graph.async_bound
+        self.fused = any(set(f) == {"generate", "actor_logprobs"} for f in graph.fusion)
+        self.has_ref = graph.has_model("ref")
+        self.has_critic = graph.has_model("critic")
+        self.shared_value = "value" in graph.model("actor").heads
+        optim = OptimConfig(lr=rt.lr, warmup_steps=rt.warmup_steps, grad_clip=rt.grad_clip, micro_batch=rt.micro_batch,
+                            temperature=rt.temperature)
+        cores = os.cpu_count() or 2
+        remote = lambda cls: ray.remote(num_cpus=0)(cls)  # noqa: E731  placement is ours, not Ray's CPU count
+        if self.colocated:
+            threads = rt.threads or cores
+            self.coloc = remote(W.ColocatedWorker).remote(model_path, cfg, optim, reference=self.has_ref,
+                                                          critic=self.has_critic, shared_value=self.shared_value,
+                                                          threads=threads, deterministic=rt.deterministic,
+                                                          seed=rt.seed)
+            self.rollouts = [self.coloc]
+            self.trainers = [self.coloc]
+            self.ref = self.coloc
+            self.critics = [self.coloc] if self.has_critic or self.shared_value else []
+        else:
+            ngen, ntrain = gen.layout.dp, train.layout.dp
+            threads = rt.threads or max(1, cores // (ngen + ntrain))
+            self.rollouts = [remote(W.RolloutWorker).remote(model_path, threads, rt.deterministic) for _ in range(ngen)]
+            port = 29500 + random.Random(os.getpid()).randrange(2000)
+            self.trainers = [remote(W.TrainerWorker).remote(model_path, cfg, optim, lm=True, value=self.shared_value,
+                                                            rank=r, world=ntrain, master=f"127.0.0.1:{port}",
+                                                            threads=threads, deterministic=rt.deterministic,
+                                                            seed=rt.seed) for r in range(ntrain)]
+            self.ref = remote(W.InferenceWorker).remote(model_path, threads, rt.temperature, rt.micro_batch) \
+                if self.has_ref else None
+            if self.has_critic:
+                crit = graph.stage("critic_update").layout.dp
+                cport = port + 1
+                self.critics = [remote(W.TrainerWorker).remote(model_path, cfg, optim, lm=False, value=True, rank=r,
+                                                               world=crit, master=f"127.0.0.1:{cport}",
+                                                               threads=threads, deterministic=rt.deterministic,
+                                                               seed=rt.seed) for r in range(crit)]
+            else:
+                self.critics = self.trainers if self.shared_value else []
+        self.groups = {s.name: graph.group(s.group) for s in graph.stages if s.group}
+        self.t0 = time.time()
+        self.records: list[Record] = []
+
+    # ---- helpers -----------------------------------------------------------------------------------
+    def _problems(self, step: int):
+        return self.task.problems("train", self.job.prompts, seed=self.rt.seed * 1_000_003 + step)
+
+    def _launch(self, step: int):
+        problems = self._problems(step)
+        n = self.job.samples_per_prompt
+        prompts = [self.tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems for _ in range(n)]
+        params = SamplingParams(max_new_tokens=self.rt.max_new_tokens, temperature=self.rt.temperature)
+        shards = _split(len(prompts), len(self.rollouts))
+        futs = [w.generate.remote([prompts[i] for i in idx], params, self.rt.seed * 7919 + step * 31 + j)
+                for j, (w, idx) in enumerate(zip(self.rollouts, shards))]
+        return {"problems": problems, "prompts": prompts, "futures": futs}
+
+    def _record(self, unit: str, kind: str, step: int, span, stage: str | None = None) -> None:
+        grp = self.groups.get(stage or unit)
+        self.records.append(Record(unit=unit, kind=kind, step=step, microbatch=0, group=grp.name if grp else "host",
+                                   devices=(grp.first, grp.count) if grp else (0, 0), start=span[0] - self.t0,
+                                   end=span[1] - self.t0))
+
+    def _call_trainers(self, workers, method: str, batch: Batch, *args):
+        shards = _split(batch.size, len(workers))
+        futs = [getattr(w, method).remote(batch.select(idx), *args) for w, idx in zip(workers, shards)]
+        outs = self.ray.get(futs)
+        spans = [s for _, s in outs]
+        span = (min(s[0] for s in spans), max(s[1] for s in spans))
+        return [o for o, _ in outs], span
+
+    def _sync(self, version: int, step: int) -> None:
+        if self.colocated:
+            span = self.ray.get(self.coloc.load_weights.remote(None, version))
+        else:
+            t = time.time()
+            ref = self.ray.put(self.ray.get(self.trainers[0].state_dict.remote()))
+            spans = self.ray.get([w.load_weights.remote(ref, version) for w in self.rollouts])
+            span = (t, max(s[1] for s in spans))
+        self._record("actor_sync", "sync", step, span, "generate")
+
+    def evaluate(self) -> float:
+        problems = self.task.problems("test", self.rt.eval_size, seed=self.rt.seed + 99)
+        prompts = [self.tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
+        params = SamplingParams(max_new_tokens=self.rt.max_new_tokens, greedy=True)
+        resp, _, _, _ = self.ray.get(self.rollouts[0].generate.remote(prompts, params, 0))
+        texts = self.tok.batch_decode(resp, skip_special_tokens=True)
+        return sum(self.task.reward(p, t) >= 1.0 for p, t in zip(problems, texts)) / len(problems)
+
+    # ---- the loop ------------------------------------------------------------------------------------
+    def loop(self, state: dict | None, progress: bool) -> RunResult:
+        rt, job = self.rt, self.job
+        start, metrics, pending = 0, [], {}
+        if state is not None:
+            start, metrics = state["step"], state["metrics"]
+            self._restore(state)
+            for s, res in state.get("inflight", {}).items():
+                pending[int(s)] = {"problems": self._problems(int(s)), "prompts": res["prompts"], "done": res}
+        acc_before = state["accuracy_before"] if state else self.evaluate()
+        bar = _bar(rt.steps, start, progress)
+        version = start
+        try:
+            for step in range(start, rt.steps):
+                t_step = time.time()
+                for j in range(step, min(rt.steps, step + self.k + 1)):  # may run on version `step` (>= j - k)
+                    if j not in pending:
+                        pending[j] = self._launch(j)
+                item = pending.pop(step)
+                m = self._one_step(step, item)
+                version = step + 1
+                self._sync(version, step)
+                m["step_s"] = time.time() - t_step
+                if rt.eval_every and ((step + 1) % rt.eval_every == 0 or step + 1 == rt.steps):
+                    m["test_accuracy"] = self.evaluate()
+                metrics.append(m)
+                _append_jsonl(os.path.join(rt.out, "metrics.jsonl"), m)
+                if rt.checkpoint_every and ((step + 1) % rt.checkpoint_every == 0 or step + 1 == rt.steps):
+                    self._checkpoint(step + 1, metrics, pending, acc_before)
+                bar.update(m)
+        finally:
+            bar.close()
+        acc_after = self.evaluate()
+        timeline = self._timeline(metrics)
+        files = _write_outputs(rt.out, metrics, timeline, acc_before, acc_after)
+        return RunResult(metrics, timeline, acc_before, acc_after, rt.out, files)
+
+    def _one_step(self, step: int, item: dict) -> dict:
+        rt, job, g = self.rt, self.job, self.g
+        if "done" in item:
+            res = item["done"]
+            responses, logprobs, versions, span = res["responses"], res["logprobs"], res["versions"], res["span"]
+        else:
+            outs = self.ray.get(item["futures"])
+            responses = [r for o in outs for r in o[0]]
+            logprobs = [lp for o in outs for lp in o[1]]
+            versions = [o[2] for o in outs for _ in o[0]]
+            span = (min(o[3][0] for o in outs), max(o[3][1] for o in outs))
+        self._record("generate", "generate", step, span)
+        t = time.time()
+        texts = self.tok.batch_decode(responses, skip_special_tokens=True)
+        n = job.samples_per_prompt
+        problems = item["problems"]
+        scores = torch.tensor([self.task.reward(problems[i // n], txt) for i, txt in enumerate(texts)])
+        self._record("reward", "reward", step, (t, time.time()))
+        batch = build_batch(item["prompts"], responses, logprobs, [i // n for i in range(len(responses))], versions,
+                            self.tok.pad_token_id)
+        batch.scores = scores
+        if self.fused:
+            batch.extras["old_logprobs"] = batch.rollout_logprobs
+        else:
+            outs, span = self._call_trainers(self.trainers, "logprobs", batch)
+            batch.extras["old_logprobs"] = torch.cat(outs)
+            self._record("actor_logprobs", "infer", step, span)
+        if self.has_ref:
+            method = "ref_logprobs" if self.colocated else "logprobs"
+            out, span = self.ray.get(getattr(self.ref, method).remote(batch))
+            batch.extras["ref_logprobs"] = out
+            self._record("ref_logprobs", "infer", step, span)
+        if self.critics:
+            outs, span = self._call_trainers(self.critics, "values", batch)
+            batch.extras["values"] = torch.cat(outs)
+            self._record("critic_values", "infer", step, span, "critic_values" if self.has_critic else "actor_update")
+        t = time.time()
+        cfg = g.config
+        adv, returns = algos.compute_advantages(
+            cfg.adv_estimator, scores=scores, mask=batch.mask, group_index=batch.group_index,
+            values=batch.extras.get("values"), old_logprobs=batch.extras["old_logprobs"],
+            ref_logprobs=batch.extras.get("ref_logprobs"), config=cfg)
+        batch.extras["advantages"] = adv
+        if returns is not None:
+            batch.extras["returns"] = returns
+        self._record("advantages", "compute", step, (t, time.time()))
+        seed = rt.seed * 104729 + step
+        outs, span = self._call_trainers(self.trainers, "train", batch, job.ppo_epochs, job.mini_batches, seed)
+        self._record("actor_update", "train", step, span)
+        train_metrics = outs[0]
+        if self.has_critic:
+            method = "train_critic" if self.colocated else "train"
+            outs, span = self._call_trainers(self.critics, method, batch, job.ppo_epochs, job.mini_batches, seed)
+            self._record("critic_update", "train", step, span)
+            train_metrics.update({f"critic_{k}": v for k, v in outs[0].items()})
+        staleness = [step - v for v in versions]
+        return {"step": step + 1, "reward": float(scores.mean()), "accuracy": float((scores >= 1.0).float().mean()),
+                "response_len": float(batch.response_lengths().mean()), "staleness_mean": sum(staleness) / len(staleness),
+                "staleness_max": max(staleness), **{k: float(v) for k, v in train_metrics.items()}}
+
+    # ---- checkpoints -------------------------------------------------------------------------------------
+    def _checkpoint(self, step: int, metrics: list, pending: dict, acc_before: float) -> None:
+        inflight = {}
+        for s, item in pending.items():  # generations already running on older weights: keep their results
+            if "done" in item:
+                inflight[s] = item["done"]
+                continue
+            outs = self.ray.get(item["futures"])
+            res = {"prompts": item["prompts"], "responses": [r for o in outs for r in o[0]],
+                   "logprobs": [lp for o in outs for lp in o[1]], "versions": [o[2] for o in outs for _ in o[0]],
+                   "span": (min(o[3][0] for o in outs), max(o[3][1] for o in outs))}
+            item["done"] = res
+            inflight[s] = res
+        state = {"step": step, "metrics": metrics, "inflight": inflight, "accuracy_before": acc_before,
+                 "actor": self.ray.get(self.trainers[0].checkpoint_state.remote()),
+                 "critic": (self.ray.get(self.critics[0].checkpoint_state.remote())
+                            if self.has_critic and not self.colocated else None),
+                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
+        _save_atomic(os.path.join(self.rt.out, "checkpoints"), step, state, self.rt.keep_checkpoints)
+
+    def _restore(self, state: dict) -> None:
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        self.ray.get([w.restore.remote(state["actor"]) for w in self.trainers])
+        if state.get("critic") is not None:
+            self.ray.get([w.restore.remote(state["critic"]) for w in self.critics])
+        version = state["step"]
+        if self.colocated:
+            self.ray.get(self.coloc.load_weights.remote(None, version))
+        else:
+            ref = self.ray.put(self.ray.get(self.trainers[0].state_dict.remote()))
+            self.ray.get([w.load_weights.remote(ref, version) for w in self.rollouts])
+
+    def _timeline(self, metrics: list) -> Timeline:
+        steps = max((r.step for r in self.records), default=0) + 1
+        ends = [max((r.end for r in self.records if r.step == s), default=0.0) for s in range(steps)]
+        step_s = sum(m["step_s"] for m in metrics) / len(metrics) if metrics else 0.0
+        return Timeline(records=tuple(sorted(self.records, key=lambda r: r.start)), steps=steps, step_s=step_s,
+                        step_ends=tuple(ends), tokens_per_step=0.0, sequences_per_step=self.job.sequences,
+                        max_staleness=max((m["staleness_max"] for m in metrics), default=0), source="measured")
+
+
+# ---- files ---------------------------------------------------------------------------------------------
+def _split(n: int, parts: int) -> list[torch.Tensor]:
+    return [c for c in torch.tensor_split(torch.arange(n), parts)]
+
+
+def _append_jsonl(path: str, row: dict) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(row) + "\n")
+        fh.flush()
+
+
+def _save_atomic(folder: str, step: int, state: dict, keep: int) -> str:
+    """Write to a temporary folder, fsync, rename into place, then point `latest` at it: a kill at any
+    moment leaves the previous checkpoint whole and `latest` naming a complete one."""
+    os.makedirs(folder, exist_ok=True)
+    final = os.path.join(folder, f"step-{step:06d}")
+    tmp = os.path.join(folder, f".tmp-step-{step:06d}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    path = os.path.join(tmp, "state.pt")
+    with open(path, "wb") as fh:
+        torch.save(state, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    pointer = os.path.join(folder, "latest")
+    with open(pointer + ".tmp", "w", encoding="utf-8") as fh:
+        fh.write(os.path.basename(final))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(pointer + ".tmp", pointer)
+    done = sorted(d for d in os.listdir(folder) if d.startswith("step-"))
+    for old in done[:-keep] if keep > 0 else []:
+        shutil.rmtree(os.path.join(folder, old), ignore_errors=True)
+    return final
+
+
+def _load_latest(folder: str) -> dict | None:
+    pointer = os.path.join(folder, "latest")
+    if not os.path.exists(pointer):
+        return None
+    with open(pointer, encoding="utf-8") as fh:
+        name = fh.read().strip()
+    return torch.load(os.path.join(folder, name, "state.pt"), weights_only=False)
+
+
+def _write_outputs(out: str, metrics: list, timeline: Timeline, before: float, after: float) -> list[str]:
+    from rpeg.sim.export import write_gantt, write_trace
+
+    files = [write_trace(timeline, os.path.join(out, "timeline.json"), "rpeg train (measured)"),
+             write_gantt(timeline, os.path.join(out, "gantt.png"), "measured")]
+    files.append(_plot_rewards(out, metrics, before, after))
+    with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as fh:
+        json.dump({"accuracy_before": before, "accuracy_after": after, "steps": len(metrics),
+                   "mean_step_s": timeline.step_s}, fh, indent=1)
+    files.append(os.path.join(out, "summary.json"))
+    return files
+
+
+def _plot_rewards(out: str, metrics: list, before: float, after: float) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [m["step"] for m in metrics]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(steps, [m["reward"] for m in metrics], label="train reward", color="#4c8bd6")
+    ax.plot(steps, [m["accuracy"] for m in metrics], label="train accuracy (sampled)", color="#6fbf5f", alpha=0.7)
+    tests = [(m["step"], m["test_accuracy"]) for m in metrics if "test_accuracy" in m]
+    ax.plot([0] + [s for s, _ in tests], [before] + [a for _, a in tests], "o-", label="held-out accuracy (greedy)",
+            color="#e8804a")
+    ax.set_xlabel("step")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(f"held-out accuracy {before:.2f} -> {after:.2f}", fontsize=9)
+    fig.tight_layout()
+    path = os.path.join(out, "reward.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+class _bar:
+    """A progress bar with step, reward, accuracy, step time and staleness (tqdm)."""
+
+    def __init__(self, total: int, start: int, enabled: bool):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, initial=start, disable=not enabled, unit="step", dynamic_ncols=True)
+
+    def update(self, m: dict) -> None:
+        self.bar.set_postfix(reward=f"{m['reward']:.2f}", acc=f"{m['accuracy']:.2f}", step_s=f"{m['step_s']:.1f}",
+                             stale=f"{m['staleness_max']}")
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+__all__ = ["RunResult", "run", "Kind"]

@@ -1,0 +1,200 @@
+"""The trainer role: a policy (optionally with a value head) or a critic, its optimizer and LR
+schedule; logprobs, values, and PPO-style updates. Data parallelism is FSDP2 (`fully_shard` on
+every decoder layer and the root) over the process group the worker set up; the model file
+knows nothing of sharding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from rpeg.graph.config import AlgoConfig
+from rpeg.runtime import algos
+from rpeg.runtime.batch import Batch
+
+
+@dataclass(frozen=True, slots=True)
+class OptimConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    grad_clip: float = 1.0
+    micro_batch: int = 64  # sequences per forward/backward
+    temperature: float = 1.0
+    vf_coef: float = 0.5  # value loss weight when the critic is a head on the actor
+
+
+class ValueHead(torch.nn.Module):
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.proj = torch.nn.Linear(hidden, 1)
+        torch.nn.init.zeros_(self.proj.weight)
+        torch.nn.init.zeros_(self.proj.bias)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.proj(h.float()).squeeze(-1)
+
+
+def _decoder_layers(model) -> list[torch.nn.Module]:
+    inner = getattr(model, "model", model)
+    return list(getattr(inner, "layers", []))
+
+
+class Trainer:
+    """One rank of a training group. `lm`: the model has a language-model head it trains with the
+    policy loss; `value`: it trains a value head (the critic, or a value head on the actor)."""
+
+    def __init__(self, model, config: AlgoConfig, optim: OptimConfig, *, lm: bool = True, value: bool = False,
+                 shard: bool = False):
+        self.config, self.optim, self.lm, self.value = config, optim, lm, value
+        self.model = model
+        self.head = ValueHead(model.config.hidden_size) if value else None
+        if shard:
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in _decoder_layers(model):
+                fully_shard(layer)
+            fully_shard(model)
+            if self.head is not None:
+                fully_shard(self.head)
+        params = list(model.parameters()) + (list(self.head.parameters()) if self.head is not None else [])
+        self.opt = torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay)
+        warm = max(optim.warmup_steps, 0)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / (warm + 1)) if warm else 1.0)
+        self.updates = 0
+
+    # ---- forward passes -------------------------------------------------------------------------
+    def _forward(self, b: Batch, need_values: bool):
+        out = self.model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids(),
+                         output_hidden_states=need_values)
+        logp = None
+        if self.lm:
+            logits = out.logits[:, :-1].float() / self.optim.temperature
+            logp = torch.log_softmax(logits, -1).gather(-1, b.input_ids[:, 1:, None]).squeeze(-1)
+        values = self.head(out.hidden_states[-1][:, :-1]) if need_values else None
+        return logp, values
+
+    @torch.no_grad()
+    def logprobs(self, b: Batch) -> torch.Tensor:
+        """(B, L-1) log-probabilities of each next token (zero outside the response mask)."""
+        outs = []
+        for idx in _chunks(b.size, self.optim.micro_batch):
+            mb = b.select(idx)
+            logp, _ = self._forward(mb, False)
+            outs.append(logp * mb.mask)
+        return torch.cat(outs)
+
+    @torch.no_grad()
+    def values(self, b: Batch) -> torch.Tensor:
+        outs = []
+        for idx in _chunks(b.size, self.optim.micro_batch):
+            mb = b.select(idx)
+            _, v = self._forward(mb, True)
+            outs.append(v * mb.mask)
+        return torch.cat(outs)
+
+    # ---- updates ----------------------------------------------------------------------------------
+    def train(self, b: Batch, epochs: int, mini_batches: int, seed: int) -> dict[str, float]:
+        """PPO epochs over `mini_batches` optimizer steps each; returns mean metrics."""
+        gen = torch.Generator().manual_seed(seed)
+        totals: dict[str, float] = {}
+        count = 0
+        for _ in range(epochs):
+            order = torch.randperm(b.size, generator=gen)
+            for chunk in torch.tensor_split(order, mini_batches):
+                if len(chunk) == 0:
+                    continue
+                metrics = self._step(b.select(chunk))
+                for k, v in metrics.items():
+                    totals[k] = totals.get(k, 0.0) + v
+                count += 1
+        return {k: v / max(count, 1) for k, v in totals.items()}
+
+    def _step(self, mini: Batch) -> dict[str, float]:
+        self.opt.zero_grad(set_to_none=True)
+        tokens = float(mini.mask.sum().clamp(min=1.0))
+        metrics: dict[str, float] = {}
+        for idx in _chunks(mini.size, self.optim.micro_batch):
+            mb = mini.select(idx)
+            # the losses aggregate over the mini-batch: weight each micro-batch by its share
+            share = float(mb.mask.sum()) / tokens if self.config.loss_agg == "token-mean" else len(idx) / mini.size
+            logp, values = self._forward(mb, self.value)
+            loss = torch.zeros(())
+            if self.lm:
+                pl, m = algos.policy_loss(logp, mb.extras["old_logprobs"], mb.extras["advantages"], mb.mask,
+                                          self.config, ref_logprobs=mb.extras.get("ref_logprobs"))
+                loss = loss + pl
+                _accumulate(metrics, m, share)
+            if self.value:
+                vl, m = algos.value_loss(values, mb.extras["values"], mb.extras["returns"], mb.mask, self.config)
+                loss = loss + (self.optim.vf_coef if self.lm else 1.0) * vl
+                _accumulate(metrics, m, share)
+            (loss * share).backward()
+        params = [p for g in self.opt.param_groups for p in g["params"]]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.optim.grad_clip)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        self.opt.step()
+        self.sched.step()
+        self.updates += 1
+        metrics["grad_norm"] = float(norm)
+        metrics["lr"] = self.sched.get_last_lr()[0]
+        return metrics
+
+    # ---- state -------------------------------------------------------------------------------------
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's full weights (gathered from the shards), for weight sync and checkpoints."""
+        sd = self.model.state_dict()
+        return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in sd.items()}
+
+    def checkpoint_state(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        modules = [self.model] + ([self.head] if self.head is not None else [])
+        return {"model": get_model_state_dict(self.model, options=opts),
+                "head": None if self.head is None else get_model_state_dict(self.head, options=opts),
+                "optimizer": get_optimizer_state_dict(_Joint(modules), self.opt, options=opts),
+                "scheduler": self.sched.state_dict(), "updates": self.updates}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+
+        opts = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, state["model"], options=opts)
+        if self.head is not None and state.get("head") is not None:
+            set_model_state_dict(self.head, state["head"], options=opts)
+        modules = [self.model] + ([self.head] if self.head is not None else [])
+        set_optimizer_state_dict(_Joint(modules), self.opt, state["optimizer"], options=opts)
+        self.sched.load_state_dict(state["scheduler"])
+        self.updates = state["updates"]
+
+
+class _Joint(torch.nn.Module):
+    """Model and value head as one module, so the optimizer's state maps to one state dict."""
+
+    def __init__(self, modules: list[torch.nn.Module]):
+        super().__init__()
+        self.parts = torch.nn.ModuleList(modules)
+
+
+def _chunks(n: int, size: int) -> list[torch.Tensor]:
+    size = max(1, size)
+    return [torch.arange(i, min(n, i + size)) for i in range(0, n, size)]
+
+
+def _accumulate(metrics: dict[str, float], new: dict, share: float) -> None:
+    for k, v in new.items():
+        metrics[k] = metrics.get(k, 0.0) + float(v) * share
+
+
+def world() -> tuple[int, int]:
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+__all__ = ["OptimConfig", "Trainer", "ValueHead", "world", "math"]

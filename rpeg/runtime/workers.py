@@ -1,0 +1,164 @@
+"""Ray worker classes, one per role, and the colocated worker that hosts several roles in one
+process (the engine samples with the trainer's own model, so a weight sync costs nothing — the
+hybrid-engine arrangement verl and DeepSpeed-Chat use).
+
+Each class is plain Python; `runtime.run` wraps them with `ray.remote` and places them as the
+plan says. Every method that does a stage's work returns the wall-clock (start, end) it ran, so
+the driver can write a measured timeline in the simulator's format.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from rpeg.graph.config import AlgoConfig
+from rpeg.runtime.batch import Batch
+from rpeg.runtime.rollout import HFEngine, SamplingParams
+from rpeg.runtime.trainer import OptimConfig, Trainer
+
+
+def _threads(n: int) -> None:
+    if n > 0:
+        torch.set_num_threads(n)
+
+
+def _deterministic(on: bool) -> None:
+    if on:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def _load(path: str):
+    from rpeg.runtime.models import load
+
+    return load(path)
+
+
+def _timed(fn, *args, **kwargs):
+    t0 = time.time()
+    out = fn(*args, **kwargs)
+    return out, (t0, time.time())
+
+
+class RolloutWorker:
+    """One generation engine instance with its own copy of the weights."""
+
+    def __init__(self, model_path: str, threads: int = 0, deterministic: bool = True):
+        _threads(threads)
+        _deterministic(deterministic)
+        model, tok = _load(model_path)
+        self.engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id)
+
+    def generate(self, prompts, params: SamplingParams, seed: int):
+        (resp, lps), span = _timed(self.engine.generate, prompts, params, seed)
+        return resp, lps, self.engine.version, span
+
+    def load_weights(self, state_dict, version: int):
+        _, span = _timed(self.engine.load_weights, state_dict, version)
+        return span
+
+
+class TrainerWorker:
+    """One rank of a training group (FSDP2 over gloo when the group has more than one rank)."""
+
+    def __init__(self, model_path: str, config: AlgoConfig, optim: OptimConfig, *, lm: bool, value: bool, rank: int,
+                 world: int, master: str, threads: int = 0, deterministic: bool = True, seed: int = 0):
+        _threads(threads)
+        _deterministic(deterministic)
+        if world > 1:
+            import torch.distributed as dist
+
+            host, port = master.split(":")
+            os.environ.update(MASTER_ADDR=host, MASTER_PORT=port)
+            dist.init_process_group("gloo", rank=rank, world_size=world)
+        torch.manual_seed(seed)
+        model, _ = _load(model_path)
+        self.trainer = Trainer(model, config, optim, lm=lm, value=value, shard=world > 1)
+        self.rank = rank
+
+    def logprobs(self, batch: Batch):
+        return _timed(self.trainer.logprobs, batch)
+
+    def values(self, batch: Batch):
+        return _timed(self.trainer.values, batch)
+
+    def train(self, batch: Batch, epochs: int, mini_batches: int, seed: int):
+        return _timed(self.trainer.train, batch, epochs, mini_batches, seed)
+
+    def state_dict(self):
+        return self.trainer.full_state_dict()
+
+    def checkpoint_state(self):
+        return self.trainer.checkpoint_state()
+
+    def restore(self, state) -> None:
+        self.trainer.load_checkpoint_state(state)
+
+
+class InferenceWorker:
+    """A frozen model's forward pass: reference logprobs."""
+
+    def __init__(self, model_path: str, threads: int = 0, temperature: float = 1.0, micro_batch: int = 64):
+        _threads(threads)
+        model, _ = _load(model_path)
+        self.trainer = Trainer(model.eval(), AlgoConfig(adv_estimator="grpo"),
+                               OptimConfig(temperature=temperature, micro_batch=micro_batch), lm=True)
+
+    def logprobs(self, batch: Batch):
+        return _timed(self.trainer.logprobs, batch)
+
+
+class ColocatedWorker:
+    """Rollout, actor training, reference and critic on the same device, in one process."""
+
+    def __init__(self, model_path: str, config: AlgoConfig, optim: OptimConfig, *, reference: bool, critic: bool,
+                 shared_value: bool, threads: int = 0, deterministic: bool = True, seed: int = 0):
+        _threads(threads)
+        _deterministic(deterministic)
+        torch.manual_seed(seed)
+        model, tok = _load(model_path)
+        self.actor = Trainer(model, config, optim, lm=True, value=shared_value)
+        self.engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id)  # the trainer's own model
+        self.ref = Trainer(_load(model_path)[0].eval(), config, optim, lm=True) if reference else None
+        self.critic = Trainer(_load(model_path)[0], config, optim, lm=False, value=True) if critic else None
+
+    def generate(self, prompts, params: SamplingParams, seed: int):
+        self.engine.model.eval()
+        (resp, lps), span = _timed(self.engine.generate, prompts, params, seed)
+        return resp, lps, self.engine.version, span
+
+    def load_weights(self, state_dict, version: int):  # in-process: the engine already holds them
+        t = time.time()
+        self.engine.version = version
+        return (t, time.time())
+
+    def logprobs(self, batch: Batch):
+        return _timed(self.actor.logprobs, batch)
+
+    def ref_logprobs(self, batch: Batch):
+        return _timed(self.ref.logprobs, batch)
+
+    def values(self, batch: Batch):
+        return _timed((self.critic or self.actor).values, batch)
+
+    def train(self, batch: Batch, epochs: int, mini_batches: int, seed: int):
+        out, span = _timed(self.actor.train, batch, epochs, mini_batches, seed)
+        self.engine.model.eval()
+        return out, span
+
+    def train_critic(self, batch: Batch, epochs: int, mini_batches: int, seed: int):
+        return _timed(self.critic.train, batch, epochs, mini_batches, seed)
+
+    def state_dict(self):
+        return self.actor.full_state_dict()
+
+    def checkpoint_state(self):
+        return {"actor": self.actor.checkpoint_state(),
+                "critic": None if self.critic is None else self.critic.checkpoint_state()}
+
+    def restore(self, state) -> None:
+        self.actor.load_checkpoint_state(state["actor"])
+        if self.critic is not None and state.get("critic") is not None:
+            self.critic.load_checkpoint_state(state["critic"])

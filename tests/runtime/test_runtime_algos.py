@@ -1,0 +1,363 @@
+"""rpeg.runtime.algos against numbers worked out by hand on tiny tensors."""
+
+import math
+
+import pytest
+import torch
+
+from rpeg.algorithms import ALGORITHMS
+from rpeg.errors import RpegError
+from rpeg.graph.config import AlgoConfig
+from rpeg.runtime.algos import (
+    ADVANTAGES,
+    KL,
+    LOSS_AGG,
+    aggregate,
+    compute_advantages,
+    discounted_returns,
+    gae_advantages,
+    kl_reward,
+    policy_loss,
+    token_rewards,
+    value_loss,
+)
+
+NAN = float("nan")
+
+
+def cfg(name="grpo", **kw):
+    return AlgoConfig(adv_estimator=name, **kw)
+
+
+def t(x):
+    return torch.tensor(x, dtype=torch.float32)
+
+
+def close(a, b, tol=1e-5):
+    torch.testing.assert_close(a, torch.as_tensor(b, dtype=a.dtype), atol=tol, rtol=0)
+
+
+def adv(name, config=None, **inputs):
+    return compute_advantages(name, config=config or cfg(name), **inputs)
+
+
+# ---- registries -------------------------------------------------------------------------------
+
+def test_registries_cover_every_builtin_algorithm():
+    assert set(ADVANTAGES) == {"gae", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax", "dr_grpo"}
+    for a in ALGORITHMS.values():
+        assert a.default.adv_estimator in ADVANTAGES and a.default.loss_agg in LOSS_AGG
+        assert a.default.kl_estimator in KL
+
+
+def test_registered_functions_document_shapes_and_papers():
+    for fn in ADVANTAGES.values():
+        assert "(B, T)" in fn.__doc__ and "arXiv" in fn.__doc__, fn.__name__
+    for fn in [*KL.values(), *LOSS_AGG.values()]:
+        assert "(B, T)" in fn.__doc__ and ("arXiv" in fn.__doc__ or "Schulman 2020" in fn.__doc__), fn.__name__
+
+
+def test_unknown_names_raise():
+    mask = torch.ones(2, 3)
+    with pytest.raises(RpegError, match="unknown advantage estimator 'ppo'.*known: gae"):
+        compute_advantages("ppo", scores=t([1, 0]), mask=mask, config=cfg())
+    with pytest.raises(RpegError, match="unknown loss aggregation"):
+        aggregate("token-sum", torch.ones(2, 3), mask)
+    with pytest.raises(RpegError, match="unknown loss aggregation"):
+        policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 3), mask, cfg(loss_agg="sum"))
+    with pytest.raises(RpegError, match="unknown KL estimator 'k2'"):
+        policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 3), mask,
+                    cfg(kl_coef=0.1, kl_in="loss", kl_estimator="k2"), ref_logprobs=torch.zeros(2, 3))
+
+
+def test_missing_inputs_raise():
+    mask = torch.ones(2, 2)
+    with pytest.raises(RpegError, match="'grpo' needs group_index"):
+        adv("grpo", scores=t([1, 0]), mask=mask)
+    with pytest.raises(RpegError, match="'gae' needs values"):
+        adv("gae", scores=t([1, 0]), mask=mask)
+    with pytest.raises(RpegError, match="needs old_logprobs and ref_logprobs"):
+        adv("rloo", cfg("rloo", kl_coef=0.1), scores=t([1, 0]), mask=mask, group_index=torch.tensor([0, 0]))
+    with pytest.raises(RpegError, match=">= 2 samples"):
+        adv("rloo", scores=t([1, 0]), mask=mask, group_index=torch.tensor([0, 1]))
+    with pytest.raises(RpegError, match="needs ref_logprobs"):
+        policy_loss(torch.zeros(2, 2), torch.zeros(2, 2), torch.zeros(2, 2), mask, cfg(kl_coef=0.1, kl_in="loss"))
+
+
+# ---- group estimators -------------------------------------------------------------------------
+
+# two prompts with ids 7 and 3, interleaved; the last sequence has one padding token
+GROUP = torch.tensor([7, 7, 3, 7, 3, 7])
+SCORES = t([1, 0, 3, 0, 1, 1])
+MASK = t([[1, 1], [1, 1], [1, 1], [1, 1], [1, 1], [1, 0]])
+
+
+def test_grpo_group_normalized():
+    a, returns = adv("grpo", scores=SCORES, mask=MASK, group_index=GROUP)
+    assert returns is None
+    # prompt 7: [1, 0, 0, 1], mean 1/2, unbiased std sqrt(1/3): +-0.5 / 0.57735 = +-0.866025
+    # prompt 3: [3, 1], mean 2, std sqrt(2): +-1 / 1.414214 = +-0.707107
+    s = math.sqrt(3) / 2
+    close(a, [[s, s], [-s, -s], [0.707107, 0.707107], [-s, -s], [-0.707107, -0.707107], [s, 0]])
+
+
+def test_grpo_without_std_and_dr_grpo_subtract_the_mean_only():
+    want = [[0.5, 0.5], [-0.5, -0.5], [1, 1], [-0.5, -0.5], [-1, -1], [0.5, 0]]
+    a, _ = adv("grpo", cfg(norm_adv_by_std=False), scores=SCORES, mask=MASK, group_index=GROUP)
+    close(a, want)
+    a, _ = adv("dr_grpo", cfg("dr_grpo", norm_adv_by_std=True), scores=SCORES, mask=MASK, group_index=GROUP)
+    close(a, want)
+
+
+def test_grpo_constant_group_and_singleton_get_zero():
+    a, _ = adv("grpo", scores=t([1, 1, 5]), mask=torch.ones(3, 2), group_index=torch.tensor([0, 0, 1]))
+    close(a, torch.zeros(3, 2))
+
+
+def test_rloo_leave_one_out():
+    a, _ = adv("rloo", scores=SCORES, mask=MASK, group_index=GROUP)
+    # prompt 7: 1 - (0+0+1)/3 = 2/3, 0 - 2/3 = -2/3; prompt 3: 3 - 1 = 2, 1 - 3 = -2
+    w = 2 / 3
+    close(a, [[w, w], [-w, -w], [2, 2], [-w, -w], [-2, -2], [w, 0]])
+
+
+def test_rloo_with_kl_in_the_reward():
+    # k1 per token = old - ref; penalty -0.1 * k1 summed over the sequence's response tokens
+    old = t([[-1.0, -2.0], [-1.0, NAN]])
+    ref = t([[-1.5, -1.0], [-2.0, NAN]])
+    config = cfg("rloo", kl_coef=0.1, kl_estimator="k1", kl_in="reward")
+    a, _ = adv("rloo", config, scores=t([1, 1]), mask=t([[1, 1], [1, 0]]), group_index=torch.tensor([0, 0]),
+               old_logprobs=old, ref_logprobs=ref)
+    # rewards: 1 - 0.1 * (0.5 - 1.0) = 1.05; 1 - 0.1 * 1.0 = 0.9 -> 1.05 - 0.9 = 0.15
+    close(a, [[0.15, 0.15], [-0.15, 0]])
+
+
+def test_remax_subtracts_the_greedy_score_of_the_same_prompt():
+    a, _ = adv("remax", cfg("remax", kl_coef=0.0), scores=t([1, 0, 0.5]), mask=t([[1, 1], [1, 1], [1, 0]]),
+               group_index=torch.tensor([0, 0, 1]), greedy_scores=t([0.5, 1.0]))
+    close(a, [[0.5, 0.5], [-0.5, -0.5], [-0.5, 0]])
+    with pytest.raises(RpegError, match="greedy_scores rows"):
+        adv("remax", cfg("remax"), scores=t([1]), mask=torch.ones(1, 2), group_index=torch.tensor([2]),
+            greedy_scores=t([0.5, 1.0]))
+
+
+def test_reinforce_pp_baseline_whitens_over_tokens():
+    # group means remove 0.5 and 2: [0.5, -0.5] on 2 tokens each, [1, -1] on 1 token each
+    # 6 tokens [.5, .5, -.5, -.5, 1, -1]: mean 0, unbiased var (4 * 0.25 + 2) / 5 = 0.6
+    a, _ = adv("reinforce_pp_baseline", scores=t([1, 0, 3, 1]), mask=t([[1, 1], [1, 1], [1, 0], [0, 1]]),
+               group_index=torch.tensor([0, 0, 1, 1]))
+    s = math.sqrt(0.6)
+    close(a, [[0.5 / s, 0.5 / s], [-0.5 / s, -0.5 / s], [1 / s, 0], [0, -1 / s]])
+
+
+# ---- token-level estimators -------------------------------------------------------------------
+
+def test_token_rewards_put_the_score_on_the_last_response_token():
+    mask = t([[1, 1, 0], [0, 1, 1], [0, 0, 0]])
+    kl = t([[0.1, 0.2, 9.0], [9.0, 0.3, 0.4], [9.0, 9.0, 9.0]])
+    close(token_rewards(t([1, 2, 3]), mask, kl), [[0.1, 1.2, 0], [0, 0.3, 2.4], [0, 0, 0]])
+
+
+def test_gae_three_tokens_by_hand():
+    # row 0: V = .5 everywhere, score 1 on the last token; gamma 1, lam .95
+    #   deltas [0, 0, .5] -> A2 = .5, A1 = .95 * .5 = .475, A0 = .95 * .475 = .45125
+    # row 1: two tokens then padding (V garbage there), score 0
+    #   delta1 = 0 + 0 - .4 = -.4, delta0 = 0 + .4 - .2 = .2 -> A1 = -.4, A0 = .2 - .95 * .4 = -.18
+    values = t([[0.5, 0.5, 0.5], [0.2, 0.4, NAN]])
+    mask = t([[1, 1, 1], [1, 1, 0]])
+    config = cfg("gae", gamma=1.0, lam=0.95)
+    raw = gae_advantages(token_rewards(t([1, 0]), mask, torch.zeros(2, 3)), values, mask, 1.0, 0.95)
+    close(raw, [[0.45125, 0.475, 0.5], [-0.18, -0.4, 0]])
+    a, returns = adv("gae", config, scores=t([1, 0]), mask=mask, values=values)
+    close(returns, [[0.95125, 0.975, 1.0], [0.02, 0.0, 0]])
+    # whitened over the 5 response tokens: mean 0.84625 / 5 = 0.16925, unbiased var 0.1821059375
+    s = math.sqrt(0.1821059375)
+    close(a, [[(0.45125 - 0.16925) / s, (0.475 - 0.16925) / s, (0.5 - 0.16925) / s],
+              [(-0.18 - 0.16925) / s, (-0.4 - 0.16925) / s, 0]])
+
+
+def test_gae_left_padding_matches_right_padding():
+    config = cfg("gae", gamma=0.9, lam=0.8)
+    right, r_ret = adv("gae", config, scores=t([1, 2]), mask=t([[1, 1, 0], [1, 1, 1]]),
+                       values=t([[0.1, 0.2, 5.0], [0.3, 0.1, 0.2]]))
+    left, l_ret = adv("gae", config, scores=t([1, 2]), mask=t([[0, 1, 1], [1, 1, 1]]),
+                      values=t([[5.0, 0.1, 0.2], [0.3, 0.1, 0.2]]))
+    close(left[0, 1:], right[0, :2])
+    close(l_ret[0, 1:], r_ret[0, :2])
+    close(left[1], right[1])
+    assert left[0, 0] == 0 and right[0, 2] == 0
+
+
+def test_gae_with_k3_kl_in_the_reward():
+    # k3 of (old, ref) = (-1, -1.5): exp(-.5) + .5 - 1 = 0.106531; of (-2, -1): e - 2 = 0.718282
+    # rewards = -0.1 * k3 + score on the last token = [-0.0106531, 1 - 0.0718282]
+    # gamma = lam = 1, V = 0: A = [0.917519, 0.928172] before whitening = returns
+    config = cfg("gae", kl_coef=0.1, kl_estimator="k3", kl_in="reward")
+    _, returns = adv("gae", config, scores=t([1]), mask=torch.ones(1, 2), values=torch.zeros(1, 2),
+                     old_logprobs=t([[-1.0, -2.0]]), ref_logprobs=t([[-1.5, -1.0]]))
+    close(returns, [[0.917519, 0.928172]])
+
+
+def test_reinforce_pp_discounted_then_whitened():
+    # k1 = old - ref = [.5, -1, 0] -> penalty -0.1 * k1 = [-.05, .1, 0]; score 1 on the last token
+    # gamma .5: G2 = 1, G1 = .1 + .5 = .6, G0 = -.05 + .3 = .25
+    # whitened: mean 1.85 / 3 = 0.616667, unbiased var 0.140833
+    mask = t([[1, 1, 1, 0]])
+    old = t([[-1.0, -2.0, -0.5, NAN]])
+    ref = t([[-1.5, -1.0, -0.5, NAN]])
+    config = cfg("reinforce_pp", kl_coef=0.1, kl_estimator="k1", kl_in="reward", gamma=0.5)
+    rewards = token_rewards(t([1]), mask, kl_reward(mask, old, ref, config))
+    close(rewards, [[-0.05, 0.1, 1.0, 0]])
+    close(discounted_returns(rewards, mask, 0.5), [[0.25, 0.6, 1.0, 0]])
+    a, _ = adv("reinforce_pp", config, scores=t([1]), mask=mask, old_logprobs=old, ref_logprobs=ref)
+    close(a, [[-0.977054, -0.044412, 1.021466, 0]])
+
+
+def test_reinforce_pp_unequal_lengths():
+    # returns [1, 1] and [0, 0, 0] (gamma 1, no KL): 5 tokens, mean .4, unbiased var 0.3
+    a, _ = adv("reinforce_pp", cfg("reinforce_pp"), scores=t([1, 0]), mask=t([[1, 1, 0], [1, 1, 1]]))
+    close(a, [[0.6 / math.sqrt(0.3), 0.6 / math.sqrt(0.3), 0], [-0.4 / math.sqrt(0.3)] * 3])
+
+
+@pytest.mark.parametrize("name", sorted(ADVANTAGES))
+def test_padding_is_zero_and_does_not_change_response_tokens(name):
+    gen = torch.Generator().manual_seed(0)
+    mask = t([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [0, 1, 1, 0]])
+    inputs = dict(scores=t([1, 0, 0.5, 2]), group_index=torch.tensor([0, 0, 1, 1]), greedy_scores=t([0.2, 0.7]),
+                  values=torch.randn(4, 4, generator=gen), old_logprobs=-torch.rand(4, 4, generator=gen),
+                  ref_logprobs=-torch.rand(4, 4, generator=gen))
+    config = cfg(name, kl_coef=0.05, kl_in="reward", gamma=0.9, lam=0.95)
+    clean, clean_ret = adv(name, config, mask=mask, **inputs)
+    dirty = {k: torch.where(mask.bool(), v, NAN) if k in ("values", "old_logprobs", "ref_logprobs") else v
+             for k, v in inputs.items()}
+    a, ret = adv(name, config, mask=mask.bool(), **dirty)
+    close(a, clean)
+    assert (a[mask == 0] == 0).all() and a[mask == 1].abs().sum() > 0
+    if clean_ret is not None:
+        close(ret, clean_ret)
+
+
+# ---- KL estimators ----------------------------------------------------------------------------
+
+def test_k1_and_k3_by_hand():
+    logp, ref = t([-1.0, -2.0, -0.7]), t([-1.5, -1.0, -0.7])
+    close(KL["k1"](logp, ref), [0.5, -1.0, 0.0])
+    # r = exp(ref - logp): exp(-.5) - 1 + .5 = 0.106531; e - 1 - 1 = 0.718282; 0 when equal
+    close(KL["k3"](logp, ref), [0.106531, 0.718282, 0.0])
+
+
+def test_k3_is_never_negative():
+    gen = torch.Generator().manual_seed(1)
+    logp, ref = -5 * torch.rand(64, 32, generator=gen), -5 * torch.rand(64, 32, generator=gen)
+    assert (KL["k3"](logp, ref) >= 0).all()
+    assert (KL["k1"](logp, ref) < 0).any()
+
+
+# ---- aggregation ------------------------------------------------------------------------------
+
+X = t([[1, 2, 3], [4, NAN, NAN]])
+XMASK = t([[1, 1, 1], [1, 0, 0]])
+
+
+def test_token_mean():
+    close(aggregate("token-mean", X, XMASK), (1 + 2 + 3 + 4) / 4)
+
+
+def test_seq_mean_token_mean():
+    close(aggregate("seq-mean-token-mean", X, XMASK), (6 / 3 + 4 / 1) / 2)
+
+
+def test_seq_mean_token_sum_norm():
+    close(aggregate("seq-mean-token-sum-norm", X, XMASK), (6 / 3 + 4 / 3) / 2)  # constant = T = 3
+    close(aggregate("seq-mean-token-sum-norm", X, XMASK, norm_len=4), (6 / 4 + 4 / 4) / 2)
+
+
+def test_sequence_means_skip_empty_rows():
+    x, mask = t([[1, 2, 3], [7, 7, 7]]), t([[1, 1, 1], [0, 0, 0]])
+    close(aggregate("seq-mean-token-mean", x, mask), 2.0)
+    close(aggregate("token-mean", x, torch.zeros(2, 3)), 0.0)
+
+
+# ---- policy loss ------------------------------------------------------------------------------
+
+def _ppo(ratios, advantages, config, **kw):
+    old = torch.full((1, len(ratios)), -1.0)
+    logp = (old + torch.log(t([ratios]))).requires_grad_()
+    loss, metrics = policy_loss(logp, old, t([advantages]), torch.ones(1, len(ratios)), config, **kw)
+    loss.backward()
+    return loss, metrics, logp.grad[0]
+
+
+def test_clipped_surrogate_by_hand():
+    config = cfg(clip_low=0.2, clip_high=0.28)
+    # r 1.5, A 1: max(-1.5, -1.28) = -1.28 (clipped: no gradient)
+    # r 0.5, A -1: max(0.5, 0.8) = 0.8 (clipped below: no gradient)
+    # r 1.1, A 1: -1.1 (inside the range); d/dlogp (-A r) / 3 = -1.1 / 3
+    # r 1.5, A -1: max(1.5, 1.28) = 1.5 (above the range but A < 0: not clipped); grad 1.5 / 4
+    loss, m, grad = _ppo([1.5, 0.5, 1.1, 1.5], [1, -1, 1, -1], config)
+    close(loss, (-1.28 + 0.8 - 1.1 + 1.5) / 4)
+    close(grad, [0.0, 0.0, -1.1 / 4, 1.5 / 4])
+    close(m["clipfrac"], 0.5)
+    close(m["clipfrac_high"], 0.25)
+    close(m["clipfrac_low"], 0.25)
+    close(m["ratio_mean"], (1.5 + 0.5 + 1.1 + 1.5) / 4)
+    close(m["ratio_max"], 1.5)
+    assert not m["pg_loss"].requires_grad
+
+
+def test_clip_higher_is_asymmetric():
+    # ratio 1.25, A 1: inside [0.8, 1.28] with clip-higher, clipped at 1.2 without it
+    _, _, grad = _ppo([1.25], [1], cfg(clip_low=0.2, clip_high=0.28))
+    close(grad, [-1.25])
+    loss, _, grad = _ppo([1.25], [1], cfg(clip_low=0.2, clip_high=0.2))
+    close(loss, -1.2)
+    close(grad, [0.0])
+    # ratio 0.75, A -1: clip_low 0.2 clips at 0.8 whatever clip_high is
+    loss, _, grad = _ppo([0.75], [-1], cfg(clip_low=0.2, clip_high=0.28))
+    close(loss, 0.8)
+    close(grad, [0.0])
+
+
+def test_policy_loss_kl_in_loss_and_entropy():
+    # ratio 1, A 0: the surrogate is 0; k3 by hand 0.106531 and 0.718282, mean 0.412406
+    logp, ref = t([[-1.0, -2.0]]), t([[-1.5, -1.0]])
+    config = cfg(kl_coef=0.1, kl_estimator="k3", kl_in="loss", entropy_coef=0.01)
+    loss, m = policy_loss(logp, logp, torch.zeros(1, 2), torch.ones(1, 2), config,
+                          ref_logprobs=ref, entropy=t([[1.0, 3.0]]))
+    close(m["kl_loss"], 0.412406)
+    close(m["entropy"], 2.0)
+    close(loss, 0.1 * 0.412406 - 0.01 * 2.0)
+    # kl_in reward: no KL term in the loss
+    loss, m = policy_loss(logp, logp, torch.zeros(1, 2), torch.ones(1, 2), cfg(kl_coef=0.1, kl_in="reward"))
+    assert "kl_loss" not in m and loss == 0
+
+
+def test_policy_loss_aggregations_and_padding_gradients():
+    # per-token -A r with r = 1: x = -A = [[1, 2, 3], [4, pad, pad]]; NaN at padding stays out
+    logp = torch.zeros(2, 3, requires_grad=True)
+    old = t([[0, 0, 0], [0, NAN, NAN]])
+    advantages = t([[-1, -2, -3], [-4, NAN, NAN]])
+    for agg, want in [("token-mean", 2.5), ("seq-mean-token-mean", 3.0), ("seq-mean-token-sum-norm", 5 / 3)]:
+        logp.grad = None
+        loss, _ = policy_loss(logp, old, advantages, XMASK, cfg(loss_agg=agg))
+        loss.backward()
+        close(loss, want)
+        assert torch.isfinite(logp.grad).all() and (logp.grad[1, 1:] == 0).all()
+
+
+# ---- value loss -------------------------------------------------------------------------------
+
+def test_value_loss_clipping_by_hand():
+    # token 0: V .9, old .5, R 1: unclipped (.1)^2 = .01, clipped V .7 -> (.3)^2 = .09 -> .09, no grad
+    # token 1: V 1, old .5, R 0: unclipped 1, clipped V .7 -> .49 -> 1, grad (V - R) / 2 = .5
+    old, returns, mask = t([[0.5, 0.5, NAN]]), t([[1.0, 0.0, NAN]]), t([[1, 1, 0]])
+    values = t([[0.9, 1.0, 3.0]]).requires_grad_()
+    loss, m = value_loss(values, old, returns, mask, cfg("gae", value_clip=0.2))
+    loss.backward()
+    close(loss, 0.5 * (0.09 + 1.0) / 2)
+    close(values.grad, [[0.0, 0.5, 0.0]])
+    close(m["vf_clipfrac"], 0.5)
+    close(m["vpred_mean"], 0.95)
+    loss, m = value_loss(values, old, returns, mask, cfg("gae", value_clip=0.0))
+    close(loss, 0.5 * (0.01 + 1.0) / 2)
+    close(m["vf_clipfrac"], 0.0)
