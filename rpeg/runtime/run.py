@@ -326,17 +326,26 @@ class _Runner:
             inflight[s] = res
         state = {"step": step, "metrics": metrics, "inflight": inflight, "accuracy_before": acc_before,
                  "actor": self.ray.get(self.trainers[0].checkpoint_state.remote()),
-                 "critic": (self.ray.get(self.critics[0].checkpoint_state.remote())
-                            if self.has_critic and not self.colocated else None),
+                 "critic": self._critic_state(),
                  "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
         _save_atomic(os.path.join(self.rt.out, "checkpoints"), step, state, self.rt.keep_checkpoints)
+
+    def _critic_state(self):
+        if not self.has_critic:
+            return None
+        if self.colocated:
+            return self.ray.get(self.coloc.critic_checkpoint_state.remote())
+        return self.ray.get(self.critics[0].checkpoint_state.remote())
 
     def _restore(self, state: dict) -> None:
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         self.ray.get([w.restore.remote(state["actor"]) for w in self.trainers])
         if state.get("critic") is not None:
-            self.ray.get([w.restore.remote(state["critic"]) for w in self.critics])
+            if self.colocated:
+                self.ray.get(self.coloc.restore_critic.remote(state["critic"]))
+            else:
+                self.ray.get([w.restore.remote(state["critic"]) for w in self.critics])
         version = state["step"]
         if self.colocated:
             self.ray.get(self.coloc.load_weights.remote(None, version))

@@ -155,10 +155,13 @@ class ColocatedWorker:
         return self.actor.full_state_dict()
 
     def checkpoint_state(self):
-        return {"actor": self.actor.checkpoint_state(),
-                "critic": None if self.critic is None else self.critic.checkpoint_state()}
+        return self.actor.checkpoint_state()
+
+    def critic_checkpoint_state(self):
+        return None if self.critic is None else self.critic.checkpoint_state()
 
     def restore(self, state) -> None:
-        self.actor.load_checkpoint_state(state["actor"])
-        if self.critic is not None and state.get("critic") is not None:
-            self.critic.load_checkpoint_state(state["critic"])
+        self.actor.load_checkpoint_state(state)
+
+    def restore_critic(self, state) -> None:
+        self.critic.load_checkpoint_state(state)
