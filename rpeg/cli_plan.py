@@ -54,7 +54,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         result = search(graph, cluster, gpus, objective=args.objective, max_staleness=args.max_staleness, cache=cache)
     except NoFeasiblePlan as e:
-        alt = nearest_feasible(graph, cluster, gpus, max_staleness=args.max_staleness)
+        # more GPUs up to the cluster's own size (`cluster` is sized to the request: it would allow none)
+        alt = nearest_feasible(graph, base, gpus, max_staleness=args.max_staleness)
         print(f"NO FEASIBLE PLAN: {e}")
         if alt:
             what, res = alt

@@ -2,8 +2,10 @@
 
 Given where a stage runs, its layout can be chosen on its own (the other stages' layouts do not
 change its time), so the search picks layouts stage by stage and remembers them: the same stage
-on a group of the same size is costed once per search. `LayoutOptions` restricts the space, so a
-baseline can be held to what its system supports (FSDP only, ZeRO-3 only, ...).
+on a group of the same size is costed once per search. (The weight sync and the context switch
+depend on the synced model's generation and training layouts: the search trades those afterwards,
+among `alternatives`.) `LayoutOptions` restricts the space, so a baseline can be held to what its
+system supports (FSDP only, ZeRO-3 only, ...).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class LayoutCache:
     """Memo of the best layout per (stage shape, group size); one per search, no global state."""
 
     best: dict[tuple, tuple[ParallelLayout, StageCost] | None] = field(default_factory=dict)
+    shapes: dict[tuple, list[tuple[ParallelLayout, StageCost]]] = field(default_factory=dict)  # each shape that fits
     evaluated: int = 0
 
 
@@ -104,6 +107,7 @@ def best_layout(graph: Graph, stage: Stage, cluster: Cluster, opts: LayoutOption
         return cache.best[key]
     devices = graph.group(stage.group).count
     best: tuple[ParallelLayout, StageCost] | None = None
+    fitting = cache.shapes.setdefault(key, [])
     # Within one shape (tp, pp, cp, ep) the options are tried from the cheapest up - ZeRO-1 before
     # ZeRO-3, no recomputation before selective before full - and the first that fits is kept:
     # a costlier option that also fits is never faster. Generation tries engines inside a node
@@ -124,6 +128,7 @@ def best_layout(graph: Graph, stage: Stage, cluster: Cluster, opts: LayoutOption
                 cache.evaluated += 1
                 if not cost.fits or not math.isfinite(cost.seconds):
                     continue
+                fitting.append((lay, cost))
                 if best is None or cost.seconds < best[1].seconds - 1e-12:
                     best = (lay, cost)
                 break
@@ -131,6 +136,12 @@ def best_layout(graph: Graph, stage: Stage, cluster: Cluster, opts: LayoutOption
             break
     cache.best[key] = best
     return best
+
+
+def alternatives(graph: Graph, stage: Stage, cluster: Cluster, opts: LayoutOptions,
+                 cache: LayoutCache) -> list[tuple[ParallelLayout, StageCost]]:
+    """The stage's other layouts that fit (one per shape), after `best_layout` has run for it."""
+    return [(lay, c) for lay, c in cache.shapes.get(_key(graph, stage, cluster, opts), ()) if lay != stage.layout]
 
 
 def apply_layouts(graph: Graph, cluster: Cluster, opts: LayoutOptions, cache: LayoutCache) -> Graph | None:

@@ -21,8 +21,9 @@ from rpeg.hardware.topology import Cluster
 from rpeg.passes.base import call_text
 from rpeg.perf.efficiency import gemm_efficiency
 from rpeg.perf.flops import expected_forward_flops, expected_train_flops
-from rpeg.perf.step import StepPrediction, predict_step
-from rpeg.search.layouts import LayoutCache, LayoutOptions, apply_layouts
+from rpeg.perf.stages import stage_cost
+from rpeg.perf.step import StepPrediction, _context_switch, predict_step
+from rpeg.search.layouts import LayoutCache, LayoutOptions, alternatives, apply_layouts
 from rpeg.search.space import (Placement, SpaceOptions, Structure, apply_execution, apply_structure, placements,
                                structures)
 
@@ -89,6 +90,41 @@ def _lower_bound(graph: Graph, cluster: Cluster, flops: dict[str, float]) -> flo
     return best
 
 
+def _sync_and_switch_s(graph: Graph, cluster: Cluster) -> float:
+    """Seconds of a plan's weight syncs and context switch per step."""
+    switch = _context_switch(graph)
+    return (sum(stage_cost(graph, s, cluster).seconds for s in graph.stages if s.kind is Kind.SYNC)
+            + (switch[1].seconds if switch else 0.0))
+
+
+def _trade_for_sync(graph: Graph, cluster: Cluster, pred: StepPrediction, options: LayoutOptions,
+                    cache: LayoutCache, bar_s: float = math.inf) -> tuple[Graph, StepPrediction]:
+    """Layouts are chosen stage by stage, but the weight sync and the context switch depend on the
+    generation and training layouts of the synced model (how many shards send, what is
+    offloaded): a slower trainer with more senders can make a faster step. Try those stages'
+    other fitting layouts (one per shape) whose sync and switch are cheaper than those of every
+    faster layout; keep the fastest step. The stages themselves are at their fastest already, so
+    a layout gains at most what it saves on the sync and switch: one that cannot bring the step
+    under `bar_s` is not costed."""
+    synced = {s.model for s in graph.stages if s.kind is Kind.SYNC}
+    for stage in [s for s in graph.stages if s.model in synced and s.kind in (Kind.GENERATE, Kind.TRAIN)]:
+        now = floor = _sync_and_switch_s(graph, cluster)
+        trials = []
+        for lay, cost in alternatives(graph, stage, cluster, options, cache):
+            trial = graph.with_stages([graph.stage(stage.name).replace(layout=lay)])
+            trials.append((cost.seconds, _sync_and_switch_s(trial, cluster), trial))
+        for _, overhead, trial in sorted(trials, key=lambda x: x[:2]):
+            if overhead >= floor - 1e-12:
+                continue
+            floor = overhead
+            if pred.step_s - (now - overhead) >= min(bar_s, pred.step_s):
+                continue
+            p = predict_step(trial, cluster)
+            if p.fits and p.step_s < pred.step_s - 1e-12:
+                graph, pred = trial, p
+    return graph, pred
+
+
 def _finish(graph: Graph) -> Graph:
     calls = tuple(call_text("parallelize", stage=s.name, layout=s.layout.describe())
                   for s in graph.stages if s.layout is not None)
@@ -127,12 +163,12 @@ def search(graph: Graph, cluster: Cluster, gpus: int, *, objective: str = "time"
                 except RpegError:
                     continue  # an illegal combination (fusion across groups, streaming a whole-batch consumer)
                 result.evaluated += 1
+                scale = (n * sized.gpu_hour_usd / 3600 if objective == "cost" and sized.gpu_hour_usd
+                         else (n if objective == "cost" else 1))
                 if found:
                     best_obj = found[0][0]
                     lb = _lower_bound(g, sized, flops)
-                    lb_obj = lb * (n * sized.gpu_hour_usd / 3600 if objective == "cost" and sized.gpu_hour_usd
-                                   else (n if objective == "cost" else 1))
-                    if lb_obj >= best_obj:
+                    if lb * scale >= best_obj:
                         result.pruned += 1
                         continue
                 g = apply_layouts(g, sized, options, cache)
@@ -141,6 +177,8 @@ def search(graph: Graph, cluster: Cluster, gpus: int, *, objective: str = "time"
                 pred = predict_step(g, sized)
                 if not pred.fits or not math.isfinite(pred.step_s):
                     continue
+                bar_s = found[0][0] / scale if found else math.inf  # the best plan's objective, in seconds here
+                g, pred = _trade_for_sync(g, sized, pred, options, cache, bar_s)
                 cand = Candidate(name=f"rpeg: {pl.name}, {st.describe()}", graph=g, prediction=pred, gpus=n,
                                  structure=st, placement=pl)
                 found.append((objective_value(cand, objective, sized), (n, st, pl), cand))

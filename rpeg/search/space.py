@@ -123,6 +123,7 @@ def placements(graph: Graph, gpus: int, node: int, space: SpaceOptions = SpaceOp
             return "critic" if s.model == "critic" else "frozen"
         roles = sorted({role(s) for s in stages}, key=["actor", "critic", "frozen"].index)
         shares = {"actor": (1 / 2, 5 / 8, 3 / 4), "critic": (1 / 4, 3 / 8), "frozen": (1 / 8, 1 / 4)}
+        seen = set()  # shares that round to the same counts give one placement, not several
         for a in shares["actor"]:
             for c in (shares["critic"] if "critic" in roles else (0.0,)):
                 f = 1 - a - c if "frozen" in roles else 0.0
@@ -140,6 +141,9 @@ def placements(graph: Graph, gpus: int, node: int, space: SpaceOptions = SpaceOp
                     groups.append((r, first * size, counts[r] * size))
                     first += counts[r]
                 name = "per model " + "/".join(f"{counts[r] * size}" for r in roles)
+                if name in seen:
+                    continue
+                seen.add(name)
                 yield Placement(name, tuple(groups), tuple((s.name, role(s)) for s in stages))
 
 

@@ -9,9 +9,10 @@ Tasks are (unit, step, micro-batch), a unit being one stage or a fused group. A 
 - its devices are free. Stages on overlapping device groups take turns; a device switching
   between generation and training first pays half the context switch (offload one side, onload
   the other). Host-side stages (rule rewards, advantage math) hold no devices.
-Among startable tasks the earlier step goes first, then the graph's order. Every generation task
-records the actor version it sampled with; staleness never exceeds k by construction, and the
-timeline checks it.
+Among startable tasks the earlier step goes first, then the graph's order; a task that waits for
+busy devices holds them against later tasks (the rest of a unit's step under way excepted), and
+host-side work that takes no time is done at once. Every generation task records the actor
+version it sampled with; staleness never exceeds k by construction, and the timeline checks it.
 """
 
 from __future__ import annotations
@@ -169,10 +170,18 @@ def _run(graph: Graph, plan: _Plan, tasks: dict, steps: int, cluster: Cluster) -
 
     def dispatch(s: Simulator):
         out = []
+        claimed: set[int] = set()
         for t in pending:
             if t.started or not all(d.done for d in t.deps):
                 continue
-            if any(busy_until.get(d, 0.0) > s.now + 1e-12 for d in t.devices):
+            if not t.devices and t.seconds <= 0:  # host-side and instant: done now, so that what it
+                t.started = t.done = True        # unblocks competes for devices by priority
+                t.start = t.end = s.now
+                return out + dispatch(s)
+            # devices an earlier task waits for are held against later ones (a weight sync spanning
+            # two groups would otherwise starve), except by the rest of a unit's step under way
+            if (t.mb == 0 and claimed & t.devices) or any(busy_until.get(d, 0.0) > s.now + 1e-12 for d in t.devices):
+                claimed |= t.devices
                 continue
             pay = half_switch if (t.role in ("engine", "trainer") and any(
                 role_of.get(d, t.role) not in (t.role, "sync") for d in t.devices)) else 0.0
@@ -185,10 +194,9 @@ def _run(graph: Graph, plan: _Plan, tasks: dict, steps: int, cluster: Cluster) -
                 if t.role in ("engine", "trainer"):
                     role_of[d] = t.role
             if pay > 0:
-                first = min(t.devices)
-                records.append(Record(unit=SWITCH, kind="switch", step=t.step, microbatch=0,
-                                      group=plan.group_label[t.unit], devices=(first, len(t.devices)),
-                                      start=s.now, end=t.start))
+                records.extend(Record(unit=SWITCH, kind="switch", step=t.step, microbatch=0,
+                                      group=plan.group_label[t.unit], devices=run, start=s.now, end=t.start)
+                               for run in _runs(t.devices))
             out.append((t.end, Done(t)))
         pending[:] = [t for t in pending if not t.started]
         return out
@@ -199,14 +207,27 @@ def _run(graph: Graph, plan: _Plan, tasks: dict, steps: int, cluster: Cluster) -
         stuck = next(t for t in tasks.values() if not t.done)
         raise RpegError(f"simulation deadlocked at {stuck.unit} step {stuck.step}")
     for t in tasks.values():
-        first = min(t.devices) if t.devices else 0
         members = plan.members[t.unit]
         flops = sum(plan.costs[m].flops for m in members) / plan.mbs[t.unit]
-        records.append(Record(unit=t.unit, kind=plan.kind[t.unit].value, step=t.step, microbatch=t.mb,
-                              group=plan.group_label[t.unit], devices=(first, len(t.devices)), start=t.start,
-                              end=t.end, flops=flops, weight_version=t.version))
+        for run in _runs(t.devices):
+            records.append(Record(unit=t.unit, kind=plan.kind[t.unit].value, step=t.step, microbatch=t.mb,
+                                  group=plan.group_label[t.unit], devices=run, start=t.start, end=t.end,
+                                  flops=flops * run[1] / len(t.devices) if t.devices else flops,
+                                  weight_version=t.version))
     records.sort(key=lambda r: (r.start, r.unit))
     return _timeline(graph, plan, tuple(records), steps, cluster)
+
+
+def _runs(devices: frozenset[int]) -> list[tuple[int, int]]:
+    """(first, count) of each run of consecutive device ids: a record claims only devices the work
+    used (a weight sync spans the generation and training groups, not a group between them)."""
+    runs: list[tuple[int, int]] = []
+    for d in sorted(devices):
+        if runs and runs[-1][0] + runs[-1][1] == d:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((d, 1))
+    return runs or [(0, 0)]
 
 
 class _Kick:
