@@ -20,8 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m rpeg show examples/grpo-qwen3-8b.yaml --out rpeg-out
-	$(PY) -m rpeg analyze examples/grpo-qwen3-8b.yaml
+	$(PY) -m rpeg train examples/demo-grpo-tiny.yaml
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 -p no:cacheprovider

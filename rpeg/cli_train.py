@@ -59,7 +59,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"plan for {cluster.name} x {spec.gpus or 1}: {cand.name} (predicted {cand.step_s:.2f} s per step)")
     result = run(graph, rt, resume=args.resume, progress=not args.no_progress)
     last = result.metrics[-1] if result.metrics else {}
-    print(f"held-out accuracy {result.accuracy_before:.3f} -> {result.accuracy_after:.3f} after {len(result.metrics)} "
-          f"steps; mean step {result.timeline.step_s:.2f} s; last reward {last.get('reward', 0):.3f}")
+    b, a = result.accuracy_before, result.accuracy_after
+    print(f"held-out accuracy after {len(result.metrics)} steps: sampled {b['sampled']:.3f} -> {a['sampled']:.3f}, "
+          f"greedy {b['greedy']:.3f} -> {a['greedy']:.3f}; mean step {result.timeline.step_s:.2f} s; "
+          f"last train reward {last.get('reward', 0):.3f}")
     print("wrote " + ", ".join(os.path.relpath(f) for f in result.files))
     return 0

@@ -39,8 +39,8 @@ from rpeg.sim.timeline import Record, Timeline
 class RunResult:
     metrics: list[dict]
     timeline: Timeline
-    accuracy_before: float
-    accuracy_after: float
+    accuracy_before: dict[str, float]  # held-out accuracy: {"sampled": ..., "greedy": ...}
+    accuracy_after: dict[str, float]
     out: str
     files: list[str] = field(default_factory=list)
 
@@ -206,13 +206,19 @@ class _Runner:
             span = (t, max(s[1] for s in spans))
         self._record("actor_sync", "sync", step, span, "generate")
 
-    def evaluate(self) -> float:
+    def evaluate(self) -> dict[str, float]:
+        """Held-out accuracy of the policy: sampled as in training (what RL optimizes: the expected
+        reward of one sample on unseen problems) and greedy."""
         problems = self.task.problems("test", self.rt.eval_size, seed=self.rt.seed + 99)
         prompts = [self.tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
-        params = SamplingParams(max_new_tokens=self.rt.max_new_tokens, greedy=True)
-        resp, _, _, _ = self.ray.get(self.rollouts[0].generate.remote(prompts, params, 0))
-        texts = self.tok.batch_decode(resp, skip_special_tokens=True)
-        return sum(self.task.reward(p, t) >= 1.0 for p, t in zip(problems, texts)) / len(problems)
+        out = {}
+        for name, params in (("sampled", SamplingParams(max_new_tokens=self.rt.max_new_tokens,
+                                                        temperature=self.rt.temperature)),
+                             ("greedy", SamplingParams(max_new_tokens=self.rt.max_new_tokens, greedy=True))):
+            resp, _, _, _ = self.ray.get(self.rollouts[0].generate.remote(prompts, params, self.rt.seed + 4242))
+            texts = self.tok.batch_decode(resp, skip_special_tokens=True)
+            out[name] = sum(self.task.reward(p, t) >= 1.0 for p, t in zip(problems, texts)) / len(problems)
+        return out
 
     # ---- the loop ------------------------------------------------------------------------------------
     def loop(self, state: dict | None, progress: bool) -> RunResult:
@@ -238,7 +244,8 @@ class _Runner:
                 self._sync(version, step)
                 m["step_s"] = time.time() - t_step
                 if rt.eval_every and ((step + 1) % rt.eval_every == 0 or step + 1 == rt.steps):
-                    m["test_accuracy"] = self.evaluate()
+                    acc = self.evaluate()
+                    m["test_accuracy"], m["test_accuracy_greedy"] = acc["sampled"], acc["greedy"]
                 metrics.append(m)
                 _append_jsonl(os.path.join(rt.out, "metrics.jsonl"), m)
                 if rt.checkpoint_every and ((step + 1) % rt.checkpoint_every == 0 or step + 1 == rt.steps):
@@ -433,12 +440,16 @@ def _plot_rewards(out: str, metrics: list, before: float, after: float) -> str:
     ax.plot(steps, [m["reward"] for m in metrics], label="train reward", color="#4c8bd6")
     ax.plot(steps, [m["accuracy"] for m in metrics], label="train accuracy (sampled)", color="#6fbf5f", alpha=0.7)
     tests = [(m["step"], m["test_accuracy"]) for m in metrics if "test_accuracy" in m]
-    ax.plot([0] + [s for s, _ in tests], [before] + [a for _, a in tests], "o-", label="held-out accuracy (greedy)",
-            color="#e8804a")
+    ax.plot([0] + [s for s, _ in tests], [before["sampled"]] + [a for _, a in tests], "o-",
+            label="held-out accuracy (sampled)", color="#e8804a")
+    greedy = [(m["step"], m["test_accuracy_greedy"]) for m in metrics if "test_accuracy_greedy" in m]
+    ax.plot([0] + [s for s, _ in greedy], [before["greedy"]] + [a for _, a in greedy], "s--",
+            label="held-out accuracy (greedy)", color="#9b6bd1", alpha=0.8)
     ax.set_xlabel("step")
     ax.set_ylim(-0.02, 1.02)
     ax.legend(fontsize=8, loc="lower right")
-    ax.set_title(f"held-out accuracy {before:.2f} -> {after:.2f}", fontsize=9)
+    ax.set_title(f"held-out accuracy, sampled {before['sampled']:.2f} -> {after['sampled']:.2f}, greedy "
+                 f"{before['greedy']:.2f} -> {after['greedy']:.2f}", fontsize=9)
     fig.tight_layout()
     path = os.path.join(out, "reward.png")
     fig.savefig(path, dpi=120)
