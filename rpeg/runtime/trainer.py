@@ -79,23 +79,22 @@ class Trainer:
         return logp, values
 
     @torch.no_grad()
-    def logprobs(self, b: Batch) -> torch.Tensor:
-        """(B, L-1) log-probabilities of each next token (zero outside the response mask)."""
+    def _per_token(self, b: Batch, values: bool) -> torch.Tensor:
+        """Logprobs (values=False) or values of every next token, micro-batch by micro-batch."""
         outs = []
         for idx in _chunks(b.size, self.optim.micro_batch):
             mb = b.select(idx)
-            logp, _ = self._forward(mb, False)
-            outs.append(logp * mb.mask)
+            logp, v = self._forward(mb, values)
+            outs.append((v if values else logp) * mb.mask)
         return torch.cat(outs)
 
-    @torch.no_grad()
+    def logprobs(self, b: Batch) -> torch.Tensor:
+        """(B, L-1) log-probabilities of each next token (zero outside the response mask)."""
+        return self._per_token(b, values=False)
+
     def values(self, b: Batch) -> torch.Tensor:
-        outs = []
-        for idx in _chunks(b.size, self.optim.micro_batch):
-            mb = b.select(idx)
-            _, v = self._forward(mb, True)
-            outs.append(v * mb.mask)
-        return torch.cat(outs)
+        """(B, L-1) value estimates (zero outside the response mask)."""
+        return self._per_token(b, values=True)
 
     # ---- updates ----------------------------------------------------------------------------------
     def train(self, b: Batch, epochs: int, mini_batches: int, seed: int) -> dict[str, float]:
