@@ -21,9 +21,10 @@ def check_plan(graph: Graph) -> None:
         lay = s.layout
         if s.model and s.kind is not Kind.SYNC and lay is None:
             raise RpegError(f"stage {s.name!r} has no parallel layout")
-        if lay and (lay.tp > 1 or lay.pp > 1 or lay.cp > 1 or lay.ep > 1):
+        if lay and (lay.pp > 1 or lay.cp > 1 or lay.ep > 1 or (lay.tp > 1 and s.kind is Kind.GENERATE)):
             raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime runs data parallelism (FSDP2) "
-                            "only so far; tensor, pipeline, context and expert parallelism are planned, not executed")
+                            "and, for training and inference, tensor parallelism (DTensor); pipeline, context and "
+                            "expert parallelism, and tensor-parallel generation engines, are planned, not executed")
     if graph.streams:
         raise RpegError("the plan streams micro-batches between stages; the runtime hands whole batches over")
     for group in graph.fusion:
@@ -31,7 +32,12 @@ def check_plan(graph: Graph) -> None:
             raise RpegError(f"the runtime fuses generation with the policy's logprobs only, not ({', '.join(group)})")
     gen = graph.stage("generate")
     train = graph.stage("actor_update")
+    fused = any(set(f) == {"generate", "actor_logprobs"} for f in graph.fusion)
+    logprobs = graph.stage("actor_logprobs").layout
+    if not fused and (logprobs.dp, logprobs.tp) != (train.layout.dp, train.layout.tp):
+        raise RpegError(f"actor_logprobs runs on the training workers, so its dp and tp must match actor_update's "
+                        f"(dp {train.layout.dp}, tp {train.layout.tp}); it asks for {logprobs.describe()}")
     if graph.group(gen.group).overlaps(graph.group(train.group)):
-        if gen.layout.dp != 1 or train.layout.dp != 1 or graph.group(gen.group) != graph.group(train.group):
+        if gen.layout.dp != 1 or train.layout.devices != 1 or graph.group(gen.group) != graph.group(train.group):
             raise RpegError("a colocated plan runs on one device in the runtime (generation and training share "
                             "its process); give generation its own devices to use data parallelism")

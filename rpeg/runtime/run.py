@@ -145,25 +145,30 @@ class _Runner:
             self.ref = self.coloc
             self.critics = [self.coloc] if self.has_critic or self.shared_value else []
         else:
-            ngen, ntrain = gen.layout.dp, train.layout.dp
+            ngen, ntrain, tp = gen.layout.dp, train.layout.devices, train.layout.tp
             threads = rt.threads or max(1, cores // (ngen + ntrain))
             self.rollouts = [remote(W.RolloutWorker).remote(model_path, threads, rt.deterministic) for _ in range(ngen)]
             port = 29500 + random.Random(os.getpid()).randrange(2000)
             self.trainers = [remote(W.TrainerWorker).remote(model_path, cfg, optim, lm=True, value=self.shared_value,
-                                                            rank=r, world=ntrain, master=f"127.0.0.1:{port}",
+                                                            rank=r, world=ntrain, master=f"127.0.0.1:{port}", tp=tp,
                                                             threads=threads, deterministic=rt.deterministic,
                                                             seed=rt.seed) for r in range(ntrain)]
+            self.tp = {id(w): tp for w in self.trainers}
             self.ref = remote(W.InferenceWorker).remote(model_path, threads, rt.temperature, rt.micro_batch) \
                 if self.has_ref else None
             if self.has_critic:
-                crit = graph.stage("critic_update").layout.dp
+                clay = graph.stage("critic_update").layout
                 cport = port + 1
                 self.critics = [remote(W.TrainerWorker).remote(model_path, cfg, optim, lm=False, value=True, rank=r,
-                                                               world=crit, master=f"127.0.0.1:{cport}",
-                                                               threads=threads, deterministic=rt.deterministic,
-                                                               seed=rt.seed) for r in range(crit)]
+                                                               world=clay.devices, master=f"127.0.0.1:{cport}",
+                                                               tp=clay.tp, threads=threads,
+                                                               deterministic=rt.deterministic, seed=rt.seed)
+                                for r in range(clay.devices)]
+                self.tp.update({id(w): clay.tp for w in self.critics})
             else:
                 self.critics = self.trainers if self.shared_value else []
+        if self.colocated:
+            self.tp = {}
         self.groups = {s.name: graph.group(s.group) for s in graph.stages if s.group}
         self.t0 = time.time()
         self.records: list[Record] = []
@@ -189,19 +194,22 @@ class _Runner:
                                    end=span[1] - self.t0))
 
     def _call_trainers(self, workers, method: str, batch: Batch, *args):
-        shards = _split(batch.size, len(workers))
-        futs = [getattr(w, method).remote(batch.select(idx), *args) for w, idx in zip(workers, shards)]
+        """Each data-parallel rank gets its shard; the tensor-parallel ranks of one shard all get it, and
+        the results of the first of them stand for the shard."""
+        tp = self.tp.get(id(workers[0]), 1)
+        shards = _split(batch.size, len(workers) // tp)
+        futs = [getattr(w, method).remote(batch.select(shards[r // tp]), *args) for r, w in enumerate(workers)]
         outs = self.ray.get(futs)
         spans = [s for _, s in outs]
         span = (min(s[0] for s in spans), max(s[1] for s in spans))
-        return [o for o, _ in outs], span
+        return [o for r, (o, _) in enumerate(outs) if r % tp == 0], span
 
     def _sync(self, version: int, step: int) -> None:
         if self.colocated:
             span = self.ray.get(self.coloc.load_weights.remote(None, version))
         else:
             t = time.time()
-            ref = self.ray.put(self.ray.get(self.trainers[0].state_dict.remote()))
+            ref = self.ray.put(self._collective(self.trainers, "state_dict"))
             spans = self.ray.get([w.load_weights.remote(ref, version) for w in self.rollouts])
             span = (t, max(s[1] for s in spans))
         self._record("actor_sync", "sync", step, span, "generate")
@@ -332,17 +340,22 @@ class _Runner:
             item["done"] = res
             inflight[s] = res
         state = {"step": step, "metrics": metrics, "inflight": inflight, "accuracy_before": acc_before,
-                 "actor": self.ray.get(self.trainers[0].checkpoint_state.remote()),
+                 "actor": self._collective(self.trainers, "checkpoint_state"),
                  "critic": self._critic_state(),
                  "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
         _save_atomic(os.path.join(self.rt.out, "checkpoints"), step, state, self.rt.keep_checkpoints)
+
+    def _collective(self, workers, method: str):
+        """Gathering sharded weights is a collective: every rank of the group must take part; rank 0's
+        copy is the result."""
+        return self.ray.get([getattr(w, method).remote() for w in workers])[0]
 
     def _critic_state(self):
         if not self.has_critic:
             return None
         if self.colocated:
             return self.ray.get(self.coloc.critic_checkpoint_state.remote())
-        return self.ray.get(self.critics[0].checkpoint_state.remote())
+        return self._collective(self.critics, "checkpoint_state")
 
     def _restore(self, state: dict) -> None:
         torch.set_rng_state(state["rng"]["torch"])
@@ -357,7 +370,7 @@ class _Runner:
         if self.colocated:
             self.ray.get(self.coloc.load_weights.remote(None, version))
         else:
-            ref = self.ray.put(self.ray.get(self.trainers[0].state_dict.remote()))
+            ref = self.ray.put(self._collective(self.trainers, "state_dict"))
             self.ray.get([w.load_weights.remote(ref, version) for w in self.rollouts])
 
     def _timeline(self, metrics: list) -> Timeline:

@@ -1,7 +1,9 @@
 """The trainer role: a policy (optionally with a value head) or a critic, its optimizer and LR
-schedule; logprobs, values, and PPO-style updates. Data parallelism is FSDP2 (`fully_shard` on
-every decoder layer and the root) over the process group the worker set up; the model file
-knows nothing of sharding.
+schedule; logprobs, values, and PPO-style updates. Parallelism is applied to the unmodified
+Hugging Face model: tensor parallelism with DTensor (`parallelize_module`: column-parallel
+q/k/v and gate/up projections, row-parallel output and down projections, as Megatron splits a
+layer) over the mesh's `tp` dimension, then data parallelism with FSDP2 (`fully_shard` on every
+decoder layer and the root) over its `dp` dimension.
 """
 
 from __future__ import annotations
@@ -39,6 +41,17 @@ class ValueHead(torch.nn.Module):
         return self.proj(h.float()).squeeze(-1)
 
 
+def tensor_parallel(model, mesh) -> None:
+    """Megatron's split of every decoder layer, applied with DTensor to the unmodified model."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel()}
+    for layer in _decoder_layers(model):
+        parallelize_module(layer, mesh, plan)
+
+
 def _decoder_layers(model) -> list[torch.nn.Module]:
     inner = getattr(model, "model", model)
     return list(getattr(inner, "layers", []))
@@ -49,18 +62,25 @@ class Trainer:
     policy loss; `value`: it trains a value head (the critic, or a value head on the actor)."""
 
     def __init__(self, model, config: AlgoConfig, optim: OptimConfig, *, lm: bool = True, value: bool = False,
-                 shard: bool = False):
+                 shard: bool = False, tp: int = 1):
         self.config, self.optim, self.lm, self.value = config, optim, lm, value
         self.model = model
         self.head = ValueHead(model.config.hidden_size) if value else None
-        if shard:
-            from torch.distributed.fsdp import fully_shard
+        if shard or tp > 1:
+            from torch.distributed.device_mesh import init_device_mesh
 
-            for layer in _decoder_layers(model):
-                fully_shard(layer)
-            fully_shard(model)
-            if self.head is not None:
-                fully_shard(self.head)
+            world = dist.get_world_size()
+            mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
+            if tp > 1:
+                tensor_parallel(model, mesh["tp"])
+            if world // tp > 1:
+                from torch.distributed.fsdp import fully_shard
+
+                for layer in _decoder_layers(model):
+                    fully_shard(layer, mesh=mesh["dp"])
+                fully_shard(model, mesh=mesh["dp"])
+                if self.head is not None:
+                    fully_shard(self.head, mesh=mesh["dp"])
         params = list(model.parameters()) + (list(self.head.parameters()) if self.head is not None else [])
         self.opt = torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay)
         warm = max(optim.warmup_steps, 0)
@@ -133,13 +153,11 @@ class Trainer:
                 loss = loss + (self.optim.vf_coef if self.lm else 1.0) * vl
                 _accumulate(metrics, m, share)
             (loss * share).backward()
-        params = [p for g in self.opt.param_groups for p in g["params"]]
-        norm = torch.nn.utils.clip_grad_norm_(params, self.optim.grad_clip)
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        norm = _clip_grad_norm([p for g in self.opt.param_groups for p in g["params"]], self.optim.grad_clip)
         self.opt.step()
         self.sched.step()
         self.updates += 1
-        metrics["grad_norm"] = float(norm)
+        metrics["grad_norm"] = norm
         metrics["lr"] = self.sched.get_last_lr()[0]
         return metrics
 
@@ -180,6 +198,22 @@ class _Joint(torch.nn.Module):
     def __init__(self, modules: list[torch.nn.Module]):
         super().__init__()
         self.parts = torch.nn.ModuleList(modules)
+
+
+def _clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
+    """Clip the global gradient norm. torch's clip_grad_norm_ refuses a mix of DTensor (tensor-
+    parallel layers) and plain tensors (replicated embeddings and norms): gather then."""
+    grads = [p.grad for p in params if p.grad is not None]
+    kinds = {hasattr(g, "full_tensor") for g in grads}
+    if len(kinds) < 2:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    total = torch.sqrt(sum((g.full_tensor() if hasattr(g, "full_tensor") else g).float().pow(2).sum() for g in grads))
+    coef = min(1.0, max_norm / (float(total) + 1e-6))
+    if coef < 1.0:
+        for g in grads:
+            g.mul_(coef)
+    return float(total)
 
 
 def _chunks(n: int, size: int) -> list[torch.Tensor]:

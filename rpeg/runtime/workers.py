@@ -61,10 +61,11 @@ class RolloutWorker:
 
 
 class TrainerWorker:
-    """One rank of a training group (FSDP2 over gloo when the group has more than one rank)."""
+    """One rank of a training group: FSDP2 over its `world / tp` data-parallel ranks and DTensor tensor
+    parallelism over `tp` consecutive ranks (gloo on CPU)."""
 
     def __init__(self, model_path: str, config: AlgoConfig, optim: OptimConfig, *, lm: bool, value: bool, rank: int,
-                 world: int, master: str, threads: int = 0, deterministic: bool = True, seed: int = 0):
+                 world: int, master: str, tp: int = 1, threads: int = 0, deterministic: bool = True, seed: int = 0):
         _threads(threads)
         _deterministic(deterministic)
         if world > 1:
@@ -75,7 +76,7 @@ class TrainerWorker:
             dist.init_process_group("gloo", rank=rank, world_size=world)
         torch.manual_seed(seed)
         model, _ = _load(model_path)
-        self.trainer = Trainer(model, config, optim, lm=lm, value=value, shard=world > 1)
+        self.trainer = Trainer(model, config, optim, lm=lm, value=value, shard=world > tp, tp=tp)
         self.rank = rank
 
     def logprobs(self, batch: Batch):

@@ -111,8 +111,21 @@ def test_plans_the_runtime_cannot_honour_are_refused(tmp_path):
     for s in two.stages:
         if s.model and s.kind.value != "sync":
             two = parallelize(two, s.name, dp=1, tp=2)
-    with pytest.raises(RpegError, match="tensor, pipeline"):
+    with pytest.raises(RpegError, match="tensor-parallel generation engines"):
         run(two, rt(tmp_path), progress=False)
     with pytest.raises(RpegError, match="does not exist"):
         run(g, rt(tmp_path, model_path=str(tmp_path / "missing")), progress=False)
     assert not os.path.exists(tmp_path / "run" / "checkpoints")
+
+
+def test_tensor_parallel_training_group(tmp_path):
+    """Generation on one device, training and logprobs tensor-parallel over two (DTensor)."""
+    g = build_graph("grpo", job(), Models(actor=TINY), kl_coef=0.0)
+    g = place(g, {"gen": 1, "train": 2}, {"generate": "gen"}, default="train")
+    g = parallelize(g, "generate", dp=1)
+    for name in ("actor_logprobs", "actor_update"):
+        g = parallelize(g, name, dp=1, tp=2)
+    result = run(g, rt(tmp_path, steps=2), progress=False)
+    assert len(result.metrics) == 2 and all(m["grad_norm"] >= 0 and "pg_loss" in m for m in result.metrics)
+    updates = [r for r in result.timeline.records if r.unit == "actor_update"]
+    assert updates and all(r.devices == (1, 2) for r in updates)  # the training group's two devices

@@ -65,3 +65,41 @@ def test_two_rank_fsdp2_step_matches_one_process(tmp_path):
     assert worst < 1e-5, worst
     start, _ = load(path)
     assert any(not torch.equal(start.state_dict()[k], ref[k]) for k in ref)  # the step did change weights
+
+
+def _rank_tp(rank: int, world: int, port: int, path: str, out: str, tp: int) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model, _ = load(path)
+    trainer = Trainer(model, CFG, OPT, tp=tp)
+    b = _batch()
+    logp = trainer.logprobs(b)  # every tensor-parallel rank sees the whole batch
+    trainer.train(b, epochs=1, mini_batches=1, seed=0)
+    sd = trainer.full_state_dict()
+    if rank == 0:
+        torch.save({"weights": sd, "logprobs": logp}, out)
+    dist.destroy_process_group()
+
+
+def test_two_rank_tensor_parallel_step_matches_one_process(tmp_path):
+    path = build_tiny(str(tmp_path / "tiny"))
+    torch.set_num_threads(1)
+    model, _ = load(path)
+    single = Trainer(model, CFG, OPT)
+    ref_logp = single.logprobs(_batch())
+    single.train(_batch(), epochs=1, mini_batches=1, seed=0)
+    ref = single.full_state_dict()
+    out = str(tmp_path / "tp.pt")
+    mp.start_processes(_rank_tp, args=(2, _free_port(), path, out, 2), nprocs=2, join=True, start_method="spawn")
+    got = torch.load(out)
+    assert float((got["logprobs"] - ref_logp).abs().max()) < 1e-5
+    # the row-parallel all-reduces sum in another order; Adam turns tiny gradient differences on
+    # near-zero gradients into differences of a few percent of one step (lr): allow 2% of lr
+    worst = max(float((got["weights"][k] - ref[k]).abs().max()) for k in ref)
+    assert worst < 0.02 * OPT.lr, worst
+    start, _ = load(path)
+    moved = max(float((ref[k] - start.state_dict()[k]).abs().max()) for k in ref)
+    assert moved > 0.5 * OPT.lr  # the step moved weights by about lr, far more than the difference
