@@ -23,13 +23,13 @@ def add_parser(sub, job_options) -> None:
     pl.set_defaults(fn=cmd_plan)
 
 
-def _row(name, cand, tl, cluster, ref_s):
+def _row(name, cand, tl, cluster, ref_s: float):
     p = cand.prediction
     peak = max(c.peak_memory_bytes for c in p.stages.values())
     usd = cluster.gpu_hour_usd * cand.gpus * p.step_s / 3600
     return {"plan": name, "step_s": p.step_s, "tokens_per_s": p.tokens / p.step_s, "utilization": tl.utilization,
             "mfu": tl.mfu, "simulated_step_s": tl.step_s, "peak_memory_gb": peak / 1e9, "usd_per_step": usd,
-            "speedup": p.step_s / ref_s if ref_s else None, "gpus": cand.gpus}
+            "speedup": p.step_s / ref_s, "gpus": cand.gpus}
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -84,10 +84,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if btl is not None and bname in ("verl", "real"):
             files.append(write_gantt(btl, os.path.join(args.out, f"{bname}-gantt.png"), bname))
     ref = best.step_s
-    table_rows = [_row(n, c, t, cluster, 0) if c else {"plan": n, "step_s": None} for n, c, t in rows]
-    for r in table_rows:
-        if r.get("step_s"):
-            r["speedup"] = r["step_s"] / ref  # how much slower than RPEG's plan
+    # speedup: how much slower each plan is than RPEG's
+    table_rows = [_row(n, c, t, cluster, ref) if c else {"plan": n, "step_s": None} for n, c, t in rows]
     if args.json:
         print(json.dumps({
             "job": {"algorithm": graph.algorithm, "model": spec.models.actor.name, "sequences": graph.job.sequences},

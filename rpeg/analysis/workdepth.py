@@ -154,9 +154,9 @@ def _step_times(g: Graph, depth: dict[str, float], ready: dict[str, float]) -> d
     for s, d in depth.items():
         udepth[unit[s]] = max(udepth.get(unit[s], 0.0), d)
     streams = {(st.producer, st.consumer): st.microbatches for st in g.streams}
-    preds = _step_predecessors(g)
+    preds = g.step_predecessors()
     times: dict[str, tuple[float, float]] = {}
-    for name in _order(preds, g.stage_names):
+    for name in g.topo_order(preds):
         u = unit[name]
         d = udepth[u]
         start = ready.get(name, 0.0)
@@ -179,27 +179,11 @@ def _step_times(g: Graph, depth: dict[str, float], ready: dict[str, float]) -> d
     return times
 
 
-def _step_predecessors(g: Graph) -> dict[str, set[str]]:
-    """Data predecessors plus same-step weight edges (a sync waits for the training it ships)."""
-    preds = g.predecessors()
-    for e in g.weight_edges():
-        if e.distance == 0:
-            preds[e.dst].add(e.src)
-    return preds
-
-
-def _order(preds: dict[str, set[str]], names: tuple[str, ...]) -> list[str]:
-    done: list[str] = []
-    while len(done) < len(names):
-        done.append(next(n for n in names if n not in done and preds[n] <= set(done)))
-    return done
-
-
 def _critical_path(g: Graph, depth: dict[str, float]) -> tuple[float, list[str]]:
     times = _step_times(g, depth, {})
     end = max(f for _, f in times.values())
     # walk back along the predecessors that determined each start
-    preds = _step_predecessors(g)
+    preds = g.step_predecessors()
     node = max(times, key=lambda n: times[n][1])
     path = [node]
     while preds[node]:

@@ -133,19 +133,28 @@ class Graph:
             preds[s.name].update(prod[f] for f in s.reads if f in prod)
         return preds
 
-    def topo_order(self) -> list[str]:
-        """Stages in an order that respects data edges (builder order breaks ties)."""
-        preds = self.predecessors()
+    def topo_order(self, preds: dict[str, set[str]] | None = None) -> list[str]:
+        """Stages in an order that respects `preds` (default: the data edges); builder order breaks ties."""
+        preds = self.predecessors() if preds is None else preds
         done: list[str] = []
         placed: set[str] = set()
         while len(done) < len(self.stages):
             ready = [s.name for s in self.stages if s.name not in placed and preds[s.name] <= placed]
             if not ready:
                 cyc = sorted(set(self.stage_names) - placed)
-                raise RpegError(f"data edges form a cycle among stages {', '.join(cyc)}")
+                raise RpegError(f"stages {', '.join(cyc)} depend on each other in a cycle")
             done.append(ready[0])
             placed.add(ready[0])
         return done
+
+    def step_predecessors(self) -> dict[str, set[str]]:
+        """Within one step: data predecessors plus same-step weight edges (a sync waits for the
+        training whose weights it ships)."""
+        preds = self.predecessors()
+        for e in self.weight_edges():
+            if e.distance == 0:
+                preds[e.dst].add(e.src)
+        return preds
 
     def ancestors(self, name: str) -> set[str]:
         preds = self.predecessors()

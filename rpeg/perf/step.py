@@ -118,16 +118,12 @@ def _devices(graph: Graph, name: str) -> set[int]:
 
 def _schedule(graph: Graph, costs: dict[str, StageCost], switch_after: str | None) -> dict[str, tuple[float, float]]:
     """List-schedule one step: dependency order, devices shared in turn, fused stages together."""
-    preds = graph.predecessors()
-    train = {s.model: s.name for s in graph.stages if s.kind is Kind.TRAIN}
-    for s in graph.stages:  # a sync follows the training it ships
-        if s.kind is Kind.SYNC and s.model in train:
-            preds[s.name].add(train[s.model])
+    preds = graph.step_predecessors()
     streams = {(st.producer, st.consumer): st.microbatches for st in graph.streams}
     fused = {n: g for g in graph.fusion for n in g}
     free: dict[int, float] = {}
     times: dict[str, tuple[float, float]] = {}
-    order = _order(preds, graph.stage_names)
+    order = graph.topo_order(preds)
     for name in order:
         if name in times:
             continue
@@ -159,16 +155,6 @@ def _schedule(graph: Graph, costs: dict[str, StageCost], switch_after: str | Non
             for d in devs:
                 free[d] = s_end
     return times
-
-
-def _order(preds: dict[str, set[str]], names: tuple[str, ...]) -> list[str]:
-    done: list[str] = []
-    while len(done) < len(names):
-        nxt = next((n for n in names if n not in done and preds[n] <= set(done)), None)
-        if nxt is None:
-            raise RpegError("the plan's stages depend on each other in a cycle")
-        done.append(nxt)
-    return done
 
 
 def _group_busy(graph: Graph, costs: dict[str, StageCost]) -> dict[str, float]:

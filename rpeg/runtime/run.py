@@ -187,6 +187,13 @@ class _Runner:
                 for j, (w, idx) in enumerate(zip(self.rollouts, shards))]
         return {"problems": problems, "prompts": prompts, "futures": futs}
 
+    def _collect(self, item: dict) -> dict:
+        """Wait for a step's generation and join the engines' results."""
+        outs = self.ray.get(item["futures"])
+        return {"prompts": item["prompts"], "responses": [r for o in outs for r in o[0]],
+                "logprobs": [lp for o in outs for lp in o[1]], "versions": [o[2] for o in outs for _ in o[0]],
+                "span": (min(o[3][0] for o in outs), max(o[3][1] for o in outs))}
+
     def _record(self, unit: str, kind: str, step: int, span, stage: str | None = None) -> None:
         grp = self.groups.get(stage or unit)
         self.records.append(Record(unit=unit, kind=kind, step=step, microbatch=0, group=grp.name if grp else "host",
@@ -204,15 +211,17 @@ class _Runner:
         span = (min(s[0] for s in spans), max(s[1] for s in spans))
         return [o for r, (o, _) in enumerate(outs) if r % tp == 0], span
 
-    def _sync(self, version: int, step: int) -> None:
+    def _push_weights(self, version: int) -> tuple[float, float]:
+        """New actor weights into the engines: in-process when colocated, else through the object store."""
         if self.colocated:
-            span = self.ray.get(self.coloc.load_weights.remote(None, version))
-        else:
-            t = time.time()
-            ref = self.ray.put(self._collective(self.trainers, "state_dict"))
-            spans = self.ray.get([w.load_weights.remote(ref, version) for w in self.rollouts])
-            span = (t, max(s[1] for s in spans))
-        self._record("actor_sync", "sync", step, span, "generate")
+            return self.ray.get(self.coloc.load_weights.remote(None, version))
+        t = time.time()
+        ref = self.ray.put(self._collective(self.trainers, "state_dict"))
+        spans = self.ray.get([w.load_weights.remote(ref, version) for w in self.rollouts])
+        return t, max(s[1] for s in spans)
+
+    def _sync(self, version: int, step: int) -> None:
+        self._record("actor_sync", "sync", step, self._push_weights(version), "generate")
 
     def evaluate(self) -> dict[str, float]:
         """Held-out accuracy of the policy: sampled as in training (what RL optimizes: the expected
@@ -268,15 +277,8 @@ class _Runner:
 
     def _one_step(self, step: int, item: dict) -> dict:
         rt, job, g = self.rt, self.job, self.g
-        if "done" in item:
-            res = item["done"]
-            responses, logprobs, versions, span = res["responses"], res["logprobs"], res["versions"], res["span"]
-        else:
-            outs = self.ray.get(item["futures"])
-            responses = [r for o in outs for r in o[0]]
-            logprobs = [lp for o in outs for lp in o[1]]
-            versions = [o[2] for o in outs for _ in o[0]]
-            span = (min(o[3][0] for o in outs), max(o[3][1] for o in outs))
+        res = item["done"] if "done" in item else self._collect(item)
+        responses, logprobs, versions, span = res["responses"], res["logprobs"], res["versions"], res["span"]
         self._record("generate", "generate", step, span)
         t = time.time()
         texts = self.tok.batch_decode(responses, skip_special_tokens=True)
@@ -333,10 +335,7 @@ class _Runner:
             if "done" in item:
                 inflight[s] = item["done"]
                 continue
-            outs = self.ray.get(item["futures"])
-            res = {"prompts": item["prompts"], "responses": [r for o in outs for r in o[0]],
-                   "logprobs": [lp for o in outs for lp in o[1]], "versions": [o[2] for o in outs for _ in o[0]],
-                   "span": (min(o[3][0] for o in outs), max(o[3][1] for o in outs))}
+            res = self._collect(item)
             item["done"] = res
             inflight[s] = res
         state = {"step": step, "metrics": metrics, "inflight": inflight, "accuracy_before": acc_before,
@@ -366,12 +365,7 @@ class _Runner:
                 self.ray.get(self.coloc.restore_critic.remote(state["critic"]))
             else:
                 self.ray.get([w.restore.remote(state["critic"]) for w in self.critics])
-        version = state["step"]
-        if self.colocated:
-            self.ray.get(self.coloc.load_weights.remote(None, version))
-        else:
-            ref = self.ray.put(self._collective(self.trainers, "state_dict"))
-            self.ray.get([w.load_weights.remote(ref, version) for w in self.rollouts])
+        self._push_weights(state["step"])
 
     def _timeline(self, metrics: list) -> Timeline:
         steps = max((r.step for r in self.records), default=0) + 1

@@ -230,6 +230,3 @@ def nearest_feasible(graph: Graph, cluster: Cluster, gpus: int, options: LayoutO
             continue
     return None
 
-
-def model_stages(graph: Graph) -> list[str]:
-    return [s.name for s in graph.stages if s.model and s.kind is not Kind.SYNC]

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from rpeg.errors import RpegError
 from rpeg.graph import Graph, Kind
 from rpeg.passes import bound_asynchrony, fuse, place, share_actor_critic, stream
 
@@ -146,7 +145,3 @@ def placements(graph: Graph, gpus: int, node: int, space: SpaceOptions = SpaceOp
                 seen.add(name)
                 yield Placement(name, tuple(groups), tuple((s.name, role(s)) for s in stages))
 
-
-def check_job(graph: Graph, gpus: int) -> None:
-    if gpus < 1:
-        raise RpegError(f"the plan needs at least one GPU, got {gpus}")
