@@ -47,6 +47,7 @@ def _rank(rank: int, world: int, port: int, path: str, out: str) -> None:
     sd = trainer.full_state_dict()
     if rank == 0:
         torch.save(sd, out)
+    dist.barrier()  # no rank tears gloo down while its peer still has a collective in flight
     dist.destroy_process_group()
 
 
@@ -81,6 +82,7 @@ def _rank_tp(rank: int, world: int, port: int, path: str, out: str, tp: int) -> 
     sd = trainer.full_state_dict()
     if rank == 0:
         torch.save({"weights": sd, "logprobs": logp}, out)
+    dist.barrier()  # no rank tears gloo down while its peer still has a collective in flight
     dist.destroy_process_group()
 
 
