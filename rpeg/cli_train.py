@@ -14,6 +14,8 @@ def add_parser(sub) -> None:
     tr.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the output folder")
     tr.add_argument("--out", help="output folder (default: the job's runtime.out)")
     tr.add_argument("--steps", type=int, help="RL steps (default: the job's runtime.steps)")
+    tr.add_argument("--engine", choices=("hf", "vllm"),
+                    help="rollout engine (default: the job's runtime.engine, else hf)")
     tr.add_argument("--address", help="a Ray cluster to join (default: RAY_ADDRESS, else a private local one)")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
     tr.set_defaults(fn=cmd_train)
@@ -49,7 +51,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if spec.runtime is None:
         raise RpegError(f"{args.job}: no runtime section (what model, task and steps to train)")
     rt = from_data(RuntimeConfig, spec.runtime, "runtime")
-    changes = {k: v for k, v in (("out", args.out), ("steps", args.steps), ("address", args.address)) if v}
+    changes = {k: v for k, v in (("out", args.out), ("steps", args.steps), ("address", args.address),
+                                                 ("engine", args.engine)) if v}
     rt = rt.replace(**changes)
     graph = spec.graph()
     if not graph.groups:

@@ -42,7 +42,8 @@ class RuntimeConfig:
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     out: str = "rpeg-out/run"
-    engine: Literal["hf", "vllm"] = "hf"
+    engine: Literal["hf", "vllm"] = "hf"  # rollout engine: transformers sampling loop, or vLLM's offline engine
+    engine_memory: float = 0.4  # vllm: fraction of device memory for its weights and KV cache
     threads: int = 0  # torch threads per worker (0: the worker's CPU share)
     address: str = ""  # a Ray cluster to join ("" : RAY_ADDRESS, else a private local cluster)
     deterministic: bool = True
@@ -56,6 +57,10 @@ class RuntimeConfig:
                      if getattr(self, f) < 0]
         if self.lr <= 0 or self.sft_lr <= 0:
             problems.append("lr and sft_lr must be positive")
+        if self.engine not in ("hf", "vllm"):
+            problems.append(f"engine = {self.engine!r}: expected hf or vllm")
+        if not 0 < self.engine_memory <= 1:
+            problems.append(f"engine_memory = {self.engine_memory} must be in (0, 1]")
         if not isinstance(self.task, dict) or "name" not in self.task:
             problems.append("task must be a mapping with a name, e.g. {name: arithmetic}")
         if problems:

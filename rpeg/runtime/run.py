@@ -97,6 +97,10 @@ def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool
     from rpeg.tasks import get_task
 
     check_plan(graph)
+    if rt.engine == "vllm":
+        from rpeg.runtime.vllm_engine import require
+
+        require()
     task = get_task(**rt.task) if isinstance(rt.task, dict) else get_task(rt.task)
     os.makedirs(rt.out, exist_ok=True)
     ckpt_dir = os.path.join(rt.out, "checkpoints")
@@ -139,7 +143,8 @@ class _Runner:
             self.coloc = remote(W.ColocatedWorker).remote(model_path, cfg, optim, reference=self.has_ref,
                                                           critic=self.has_critic, shared_value=self.shared_value,
                                                           threads=threads, deterministic=rt.deterministic,
-                                                          seed=rt.seed)
+                                                          seed=rt.seed, engine=rt.engine,
+                                                          engine_memory=rt.engine_memory)
             self.rollouts = [self.coloc]
             self.trainers = [self.coloc]
             self.ref = self.coloc
@@ -147,7 +152,8 @@ class _Runner:
         else:
             ngen, ntrain, tp = gen.layout.dp, train.layout.devices, train.layout.tp
             threads = rt.threads or max(1, cores // (ngen + ntrain))
-            self.rollouts = [remote(W.RolloutWorker).remote(model_path, threads, rt.deterministic) for _ in range(ngen)]
+            self.rollouts = [remote(W.RolloutWorker).remote(model_path, threads, rt.deterministic, rt.engine,
+                                                            rt.seed + j, rt.engine_memory) for j in range(ngen)]
             port = 29500 + random.Random(os.getpid()).randrange(2000)
             self.trainers = [remote(W.TrainerWorker).remote(model_path, cfg, optim, lm=True, value=self.shared_value,
                                                             rank=r, world=ntrain, master=f"127.0.0.1:{port}", tp=tp,
@@ -295,6 +301,9 @@ class _Runner:
             outs, span = self._call_trainers(self.trainers, "logprobs", batch)
             batch.extras["old_logprobs"] = torch.cat(outs)
             self._record("actor_logprobs", "infer", step, span)
+            # how far the engine's logprobs are from the trainer's for the same tokens: ~1e-6 when both hold
+            # the same weights; larger when samples are stale (async) or the engines' numerics differ
+            gap = float(((batch.rollout_logprobs - batch.extras["old_logprobs"]) * batch.mask).abs().max())
         if self.has_ref:
             method = "ref_logprobs" if self.colocated else "logprobs"
             out, span = self.ray.get(getattr(self.ref, method).remote(batch))
@@ -326,7 +335,8 @@ class _Runner:
         staleness = [step - v for v in versions]
         return {"step": step + 1, "reward": float(scores.mean()), "accuracy": float((scores >= 1.0).float().mean()),
                 "response_len": float(batch.response_lengths().mean()), "staleness_mean": sum(staleness) / len(staleness),
-                "staleness_max": max(staleness), **{k: float(v) for k, v in train_metrics.items()}}
+                "staleness_max": max(staleness), **({} if self.fused else {"logprob_gap_max": gap}),
+                **{k: float(v) for k, v in train_metrics.items()}}
 
     # ---- checkpoints -------------------------------------------------------------------------------------
     def _checkpoint(self, step: int, metrics: list, pending: dict, acc_before: float) -> None:

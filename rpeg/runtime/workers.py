@@ -36,6 +36,16 @@ def _load(path: str):
     return load(path)
 
 
+def _engine(kind: str, model, tok, model_path: str, *, seed: int, threads: int, memory: float):
+    """The rollout engine the job asks for: `hf` samples with `model` itself; `vllm` loads its own
+    copy of the weights from `model_path` and takes new ones through `load_weights`."""
+    if kind == "vllm":
+        from rpeg.runtime.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model_path, tok.eos_token_id, seed=seed, threads=threads, memory_fraction=memory)
+    return HFEngine(model, tok.eos_token_id, tok.pad_token_id)
+
+
 def _timed(fn, *args, **kwargs):
     t0 = time.time()
     out = fn(*args, **kwargs)
@@ -45,11 +55,12 @@ def _timed(fn, *args, **kwargs):
 class RolloutWorker:
     """One generation engine instance with its own copy of the weights."""
 
-    def __init__(self, model_path: str, threads: int = 0, deterministic: bool = True):
+    def __init__(self, model_path: str, threads: int = 0, deterministic: bool = True, engine: str = "hf",
+                 seed: int = 0, engine_memory: float = 0.4):
         _threads(threads)
         _deterministic(deterministic)
         model, tok = _load(model_path)
-        self.engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id)
+        self.engine = _engine(engine, model, tok, model_path, seed=seed, threads=threads, memory=engine_memory)
 
     def generate(self, prompts, params: SamplingParams, seed: int):
         (resp, lps), span = _timed(self.engine.generate, prompts, params, seed)
@@ -115,24 +126,32 @@ class ColocatedWorker:
     """Rollout, actor training, reference and critic on the same device, in one process."""
 
     def __init__(self, model_path: str, config: AlgoConfig, optim: OptimConfig, *, reference: bool, critic: bool,
-                 shared_value: bool, threads: int = 0, deterministic: bool = True, seed: int = 0):
+                 shared_value: bool, threads: int = 0, deterministic: bool = True, seed: int = 0,
+                 engine: str = "hf", engine_memory: float = 0.4):
         _threads(threads)
         _deterministic(deterministic)
         torch.manual_seed(seed)
         model, tok = _load(model_path)
         self.actor = Trainer(model, config, optim, lm=True, value=shared_value)
-        self.engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id)  # the trainer's own model
+        # hf: the engine samples with the trainer's own model; vllm: it holds a copy, refreshed in-process
+        self.engine = _engine(engine, model, tok, model_path, seed=seed, threads=threads, memory=engine_memory)
+        self.shares_model = isinstance(self.engine, HFEngine)
         self.ref = Trainer(_load(model_path)[0].eval(), config, optim, lm=True) if reference else None
         self.critic = Trainer(_load(model_path)[0], config, optim, lm=False, value=True) if critic else None
 
     def generate(self, prompts, params: SamplingParams, seed: int):
-        self.engine.model.eval()
+        if self.shares_model:
+            self.engine.model.eval()
         (resp, lps), span = _timed(self.engine.generate, prompts, params, seed)
         return resp, lps, self.engine.version, span
 
-    def load_weights(self, state_dict, version: int):  # in-process: the engine already holds them
+    def load_weights(self, state_dict, version: int):
+        """In-process: an `hf` engine already holds the trainer's weights; a `vllm` one gets them as tensors."""
         t = time.time()
-        self.engine.version = version
+        if self.shares_model:
+            self.engine.version = version
+        else:
+            self.engine.load_weights(self.actor.full_state_dict(), version)
         return (t, time.time())
 
     def logprobs(self, batch: Batch):
@@ -146,7 +165,8 @@ class ColocatedWorker:
 
     def train(self, batch: Batch, epochs: int, mini_batches: int, seed: int):
         out, span = _timed(self.actor.train, batch, epochs, mini_batches, seed)
-        self.engine.model.eval()
+        if self.shares_model:
+            self.engine.model.eval()
         return out, span
 
     def train_critic(self, batch: Batch, epochs: int, mini_batches: int, seed: int):

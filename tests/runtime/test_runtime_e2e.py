@@ -97,6 +97,14 @@ def test_async_disaggregated_records_staleness(tmp_path):
     result = run(g, rt(tmp_path, steps=3), progress=False)
     assert max(m["staleness_max"] for m in result.metrics) == 1  # step t+1 sampled with step t's weights
     assert result.metrics[0]["staleness_max"] == 0
+    # the trainer's logprobs match the engine's for fresh samples; for samples one version old they differ
+    # exactly when the update in between moved the weights (a step whose group rewards are all equal has
+    # zero advantages, so zero gradient, and leaves them where they were)
+    m = result.metrics
+    assert m[0]["logprob_gap_max"] < 1e-4
+    for prev, cur in zip(m, m[1:]):
+        assert (cur["logprob_gap_max"] > 1e-3) == (prev["grad_norm"] > 0), (prev, cur)
+    assert max(x["logprob_gap_max"] for x in m) > 1e-3
 
 
 def test_plans_the_runtime_cannot_honour_are_refused(tmp_path):
@@ -129,3 +137,22 @@ def test_tensor_parallel_training_group(tmp_path):
     assert len(result.metrics) == 2 and all(m["grad_norm"] >= 0 and "pg_loss" in m for m in result.metrics)
     updates = [r for r in result.timeline.records if r.unit == "actor_update"]
     assert updates and all(r.devices == (1, 2) for r in updates)  # the training group's two devices
+    # on-policy: the engine got each step's weights through the object store, so its logprobs are the trainer's
+    assert all(m["logprob_gap_max"] < 1e-4 for m in result.metrics), [m["logprob_gap_max"] for m in result.metrics]
+
+
+def test_vllm_engine_without_vllm_is_refused_before_anything_starts(tmp_path):
+    from rpeg.runtime.vllm_engine import available
+
+    if available():
+        pytest.skip("vllm is importable here; tests/with_vllm runs it")
+    with pytest.raises(RpegError, match="engine: vllm needs an importable vllm"):
+        run(colocated_plan(), rt(tmp_path, engine="vllm"), progress=False)
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_runtime_config_rejects_bad_engine_settings():
+    with pytest.raises(RpegError, match="engine_memory"):
+        RuntimeConfig(engine_memory=1.5)
+    with pytest.raises(RpegError, match="expected hf or vllm"):
+        RuntimeConfig(engine="sglang")
