@@ -5,14 +5,13 @@ from __future__ import annotations
 from rpeg.errors import RpegError
 from rpeg.graph import Graph, Kind
 
-SUPPORTED = ("ppo", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dr_grpo")
+SUPPORTED = ("ppo", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dr_grpo", "remax", "dapo")
 
 
 def check_plan(graph: Graph) -> None:
     """Raise RpegError with the reason if the runtime cannot run `graph` exactly as planned."""
     if graph.algorithm not in SUPPORTED:
-        raise RpegError(f"the runtime trains {', '.join(SUPPORTED)}; {graph.algorithm} (its greedy baseline or "
-                        "dynamic sampling) is planned but not executed yet")
+        raise RpegError(f"the runtime trains {', '.join(SUPPORTED)}, not {graph.algorithm}")
     if not graph.groups:
         raise RpegError("the plan places no stage on devices")
     for s in graph.stages:
@@ -31,6 +30,10 @@ def check_plan(graph: Graph) -> None:
         if set(group) != {"generate", "actor_logprobs"}:
             raise RpegError(f"the runtime fuses generation with the policy's logprobs only, not ({', '.join(group)})")
     gen = graph.stage("generate")
+    for s in graph.stages:
+        if s.kind is Kind.GENERATE and s is not gen and (s.group != gen.group or s.layout != gen.layout):
+            raise RpegError(f"stage {s.name!r} runs on the generation engines, so it must share generate's "
+                            f"devices and layout ({gen.group}, {gen.layout.describe()})")
     train = graph.stage("actor_update")
     fused = any(set(f) == {"generate", "actor_logprobs"} for f in graph.fusion)
     logprobs = graph.stage("actor_logprobs").layout

@@ -15,6 +15,7 @@ the simulator's format) and gantt.png, checkpoints/ (atomic; `resume=True` conti
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
@@ -132,6 +133,9 @@ class _Runner:
         self.k = graph.async_bound
         self.fused = any(set(f) == {"generate", "actor_logprobs"} for f in graph.fusion)
         self.has_ref = graph.has_model("ref")
+        names = {s.name for s in graph.stages}
+        self.greedy_baseline = any(s.greedy for s in graph.stages)  # ReMax
+        self.dynamic_sampling = "dynamic_sampling" in names  # DAPO
         self.has_critic = graph.has_model("critic")
         self.shared_value = "value" in graph.model("actor").heads
         optim = OptimConfig(lr=rt.lr, warmup_steps=rt.warmup_steps, grad_clip=rt.grad_clip, micro_batch=rt.micro_batch,
@@ -181,24 +185,39 @@ class _Runner:
 
     # ---- helpers -----------------------------------------------------------------------------------
     def _problems(self, step: int):
-        return self.task.problems("train", self.job.prompts, seed=self.rt.seed * 1_000_003 + step)
+        """The step's prompts: the job's, or more of them under DAPO's dynamic sampling (`oversample`)."""
+        count = math.ceil(self.job.prompts * self.g.config.oversample - 1e-9)
+        return self.task.problems("train", count, seed=self.rt.seed * 1_000_003 + step)
+
+    def _fan_out(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> list:
+        shards = _split(len(prompts), len(self.rollouts))
+        return [w.generate.remote([prompts[i] for i in idx], params, seed + j)
+                for j, (w, idx) in enumerate(zip(self.rollouts, shards))]
 
     def _launch(self, step: int):
         problems = self._problems(step)
         n = self.job.samples_per_prompt
-        prompts = [self.tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems for _ in range(n)]
+        ids = [self.tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
+        prompts = [x for x in ids for _ in range(n)]
         params = SamplingParams(max_new_tokens=self.rt.max_new_tokens, temperature=self.rt.temperature)
-        shards = _split(len(prompts), len(self.rollouts))
-        futs = [w.generate.remote([prompts[i] for i in idx], params, self.rt.seed * 7919 + step * 31 + j)
-                for j, (w, idx) in enumerate(zip(self.rollouts, shards))]
-        return {"problems": problems, "prompts": prompts, "futures": futs}
+        item = {"problems": problems, "prompts": prompts,
+                "futures": self._fan_out(prompts, params, self.rt.seed * 7919 + step * 31)}
+        if self.greedy_baseline:  # ReMax: one greedy response per prompt, on the same engines and weights
+            greedy = SamplingParams(max_new_tokens=self.rt.max_new_tokens, greedy=True)
+            item["greedy_prompts"], item["greedy_futures"] = ids, self._fan_out(ids, greedy, 0)
+        return item
 
     def _collect(self, item: dict) -> dict:
         """Wait for a step's generation and join the engines' results."""
         outs = self.ray.get(item["futures"])
-        return {"prompts": item["prompts"], "responses": [r for o in outs for r in o[0]],
-                "logprobs": [lp for o in outs for lp in o[1]], "versions": [o[2] for o in outs for _ in o[0]],
-                "span": (min(o[3][0] for o in outs), max(o[3][1] for o in outs))}
+        res = {"prompts": item["prompts"], "responses": [r for o in outs for r in o[0]],
+               "logprobs": [lp for o in outs for lp in o[1]], "versions": [o[2] for o in outs for _ in o[0]],
+               "span": (min(o[3][0] for o in outs), max(o[3][1] for o in outs))}
+        if "greedy_futures" in item:
+            outs = self.ray.get(item["greedy_futures"])
+            res["greedy"] = [r for o in outs for r in o[0]]
+            res["greedy_span"] = (min(o[3][0] for o in outs), max(o[3][1] for o in outs))
+        return res
 
     def _record(self, unit: str, kind: str, step: int, span, stage: str | None = None) -> None:
         grp = self.groups.get(stage or unit)
@@ -292,8 +311,34 @@ class _Runner:
         problems = item["problems"]
         scores = torch.tensor([self.task.reward(problems[i // n], txt) for i, txt in enumerate(texts)])
         self._record("reward", "reward", step, (t, time.time()))
-        batch = build_batch(item["prompts"], responses, logprobs, [i // n for i in range(len(responses))], versions,
-                            self.tok.pad_token_id)
+        reward, accuracy = float(scores.mean()), float((scores >= 1.0).float().mean())  # over every sample drawn
+        extra: dict[str, float] = {}
+        greedy_scores = None
+        if "greedy" in res:
+            self._record("generate_greedy", "generate", step, res["greedy_span"])
+            t = time.time()
+            greedy_texts = self.tok.batch_decode(res["greedy"], skip_special_tokens=True)
+            greedy_scores = torch.tensor([self.task.reward(p, txt) for p, txt in zip(problems, greedy_texts)])
+            self._record("reward_greedy", "reward", step, (t, time.time()))
+            extra["greedy_reward"] = float(greedy_scores.mean())
+        prompts, groups = item["prompts"], [i // n for i in range(len(responses))]
+        if self.dynamic_sampling:
+            t = time.time()
+            keep = _mixed_groups(scores, n, job.prompts)
+            rows = [g * n + j for g in keep for j in range(n)]
+            prompts, responses, logprobs, versions = ([x[i] for i in rows] for x in (prompts, responses, logprobs,
+                                                                                      versions))
+            groups = [i // n for i in range(len(rows))]
+            extra["kept_groups"] = float(len(keep))
+            scores = scores[rows] if rows else scores[:0]
+            self._record("dynamic_sampling", "compute", step, (t, time.time()))
+            if not rows:  # every group's samples scored alike: nothing to learn from this step
+                staleness = [step - v for v in res["versions"]]
+                return {"step": step + 1, "reward": reward, "accuracy": accuracy,
+                        "response_len": sum(map(len, res["responses"])) / len(res["responses"]),
+                        "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),
+                        **extra, "skipped": 1.0}
+        batch = build_batch(prompts, responses, logprobs, groups, versions, self.tok.pad_token_id)
         batch.scores = scores
         if self.fused:
             batch.extras["old_logprobs"] = batch.rollout_logprobs
@@ -308,6 +353,9 @@ class _Runner:
             method = "ref_logprobs" if self.colocated else "logprobs"
             out, span = self.ray.get(getattr(self.ref, method).remote(batch))
             batch.extras["ref_logprobs"] = out
+            # the policy's KL to the reference on the sampled tokens (k1, mean per token): what a KL penalty holds
+            diff = (batch.extras["old_logprobs"] - out) * batch.mask
+            extra["kl_ref"] = float(diff.sum() / batch.mask.sum().clamp(min=1))
             self._record("ref_logprobs", "infer", step, span)
         if self.critics:
             outs, span = self._call_trainers(self.critics, "values", batch)
@@ -318,7 +366,7 @@ class _Runner:
         adv, returns = algos.compute_advantages(
             cfg.adv_estimator, scores=scores, mask=batch.mask, group_index=batch.group_index,
             values=batch.extras.get("values"), old_logprobs=batch.extras["old_logprobs"],
-            ref_logprobs=batch.extras.get("ref_logprobs"), config=cfg)
+            ref_logprobs=batch.extras.get("ref_logprobs"), greedy_scores=greedy_scores, config=cfg)
         batch.extras["advantages"] = adv
         if returns is not None:
             batch.extras["returns"] = returns
@@ -333,9 +381,9 @@ class _Runner:
             self._record("critic_update", "train", step, span)
             train_metrics.update({f"critic_{k}": v for k, v in outs[0].items()})
         staleness = [step - v for v in versions]
-        return {"step": step + 1, "reward": float(scores.mean()), "accuracy": float((scores >= 1.0).float().mean()),
+        return {"step": step + 1, "reward": reward, "accuracy": accuracy,
                 "response_len": float(batch.response_lengths().mean()), "staleness_mean": sum(staleness) / len(staleness),
-                "staleness_max": max(staleness), **({} if self.fused else {"logprob_gap_max": gap}),
+                "staleness_max": max(staleness), **({} if self.fused else {"logprob_gap_max": gap}), **extra,
                 **{k: float(v) for k, v in train_metrics.items()}}
 
     # ---- checkpoints -------------------------------------------------------------------------------------
@@ -387,6 +435,14 @@ class _Runner:
 
 
 # ---- files ---------------------------------------------------------------------------------------------
+def _mixed_groups(scores: torch.Tensor, n: int, limit: int) -> list[int]:
+    """DAPO's dynamic sampling: the first `limit` groups (of `n` consecutive samples) whose rewards are not
+    all equal — a group scored alike has zero advantage under group normalization and teaches nothing."""
+    groups = scores.view(-1, n)
+    mixed = (groups != groups[:, :1]).any(dim=1)
+    return [int(g) for g in torch.nonzero(mixed).flatten()[:limit]]
+
+
 def _split(n: int, parts: int) -> list[torch.Tensor]:
     return [c for c in torch.tensor_split(torch.arange(n), parts)]
 

@@ -76,6 +76,56 @@ def test_ppo_with_a_critic(tmp_path):
     assert "critic_vf_loss" in last and "pg_loss" in last
 
 
+def test_remax_scores_a_greedy_response_per_prompt(tmp_path):
+    result = run(colocated_plan("remax"), rt(tmp_path, steps=2), progress=False)
+    assert all(0.0 <= m["greedy_reward"] <= 1.0 and "pg_loss" in m and "kl_ref" in m for m in result.metrics)
+    units = [r.unit for r in result.timeline.records]
+    assert units.count("generate_greedy") == 2 and units.count("reward_greedy") == 2
+
+
+def test_remax_advantage_is_the_reward_minus_the_greedy_reward(tmp_path, monkeypatch):
+    """The loop hands the estimator one greedy score per prompt, and each sample's advantage is its
+    reward minus its own prompt's greedy reward (advantages are computed in the driver)."""
+    from rpeg.runtime import run as run_module
+
+    seen = []
+    real = run_module.algos.compute_advantages
+
+    def spy(name, **kw):
+        out = real(name, **kw)
+        seen.append((name, kw, out[0]))
+        return out
+
+    monkeypatch.setattr(run_module.algos, "compute_advantages", spy)
+    run(colocated_plan("remax", kl_coef=0.0), rt(tmp_path, steps=2), progress=False)
+    assert [name for name, _, _ in seen] == ["remax", "remax"]
+    for _, kw, adv in seen:
+        assert kw["greedy_scores"].shape == (8,)  # the job's 8 prompts
+        want = (kw["scores"] - kw["greedy_scores"][kw["group_index"]])[:, None] * kw["mask"]
+        assert torch.allclose(adv, want)
+
+
+def test_dapo_trains_on_groups_with_mixed_rewards_only(tmp_path):
+    plan = colocated_plan("dapo")
+    assert plan.config.oversample == 1.5
+    result = run(plan, rt(tmp_path, steps=3, task={"name": "arithmetic", "ops": ["add"], "level": 1}),
+                 progress=False)
+    for m in result.metrics:
+        assert 0 <= m["kept_groups"] <= 8  # at most the job's prompts, out of ceil(8 x 1.5) = 12 generated
+        assert ("pg_loss" in m) == (m["kept_groups"] > 0) and ("skipped" in m) == (m["kept_groups"] == 0)
+    units = [r.unit for r in result.timeline.records]
+    assert units.count("dynamic_sampling") == 3
+
+
+def test_mixed_groups_keeps_the_first_groups_whose_rewards_differ():
+    from rpeg.runtime.run import _mixed_groups
+
+    scores = torch.tensor([1.0, 1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0.5])  # four groups of three
+    assert _mixed_groups(scores, 3, 8) == [0, 2, 3]
+    assert _mixed_groups(scores, 3, 2) == [0, 2]
+    assert _mixed_groups(torch.zeros(6), 3, 8) == []
+
+
 def test_resume_is_exact(tmp_path):
     plan = colocated_plan()
     full = run(plan, rt(tmp_path / "a", steps=4), progress=False)
@@ -121,6 +171,10 @@ def test_plans_the_runtime_cannot_honour_are_refused(tmp_path):
             two = parallelize(two, s.name, dp=1, tp=2)
     with pytest.raises(RpegError, match="tensor-parallel generation engines"):
         run(two, rt(tmp_path), progress=False)
+    apart = place(build_graph("remax", job(), Models(actor=TINY)), {"gen": 1, "greedy": 1, "train": 1},
+                  {"generate": "gen", "generate_greedy": "greedy"}, default="train")
+    with pytest.raises(RpegError, match="generate_greedy.*generation engines"):
+        run(laid_out(apart), rt(tmp_path), progress=False)
     with pytest.raises(RpegError, match="does not exist"):
         run(g, rt(tmp_path, model_path=str(tmp_path / "missing")), progress=False)
     assert not os.path.exists(tmp_path / "run" / "checkpoints")
