@@ -14,7 +14,6 @@ the simulator's format) and gantt.png, checkpoints/ (atomic; `resume=True` conti
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -30,6 +29,7 @@ from rpeg.graph import Graph, Kind
 from rpeg.runtime import algos
 from rpeg.runtime.batch import Batch, build_batch
 from rpeg.runtime.config import RuntimeConfig
+from rpeg.runtime.outputs import ProgressBar, append_jsonl, load_latest, save_atomic, write_outputs
 from rpeg.runtime.plan_check import check_plan
 from rpeg.runtime.rollout import SamplingParams
 from rpeg.runtime.trainer import OptimConfig
@@ -105,7 +105,7 @@ def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool
     task = get_task(**rt.task) if isinstance(rt.task, dict) else get_task(rt.task)
     os.makedirs(rt.out, exist_ok=True)
     ckpt_dir = os.path.join(rt.out, "checkpoints")
-    state = _load_latest(ckpt_dir) if resume else None
+    state = load_latest(ckpt_dir) if resume else None
     if resume and state is None:
         raise RpegError(f"--resume: no checkpoint under {ckpt_dir}")
     if not resume:
@@ -272,7 +272,7 @@ class _Runner:
             for s, res in state.get("inflight", {}).items():
                 pending[int(s)] = {"problems": self._problems(int(s)), "prompts": res["prompts"], "done": res}
         acc_before = state["accuracy_before"] if state else self.evaluate()
-        bar = _bar(rt.steps, start, progress)
+        bar = ProgressBar(rt.steps, start, progress)
         version = start
         try:
             for step in range(start, rt.steps):
@@ -289,7 +289,7 @@ class _Runner:
                     acc = self.evaluate()
                     m["test_accuracy"], m["test_accuracy_greedy"] = acc["sampled"], acc["greedy"]
                 metrics.append(m)
-                _append_jsonl(os.path.join(rt.out, "metrics.jsonl"), m)
+                append_jsonl(os.path.join(rt.out, "metrics.jsonl"), m)
                 if rt.checkpoint_every and ((step + 1) % rt.checkpoint_every == 0 or step + 1 == rt.steps):
                     self._checkpoint(step + 1, metrics, pending, acc_before)
                 bar.update(m)
@@ -297,22 +297,24 @@ class _Runner:
             bar.close()
         acc_after = self.evaluate()
         timeline = self._timeline(metrics)
-        files = _write_outputs(rt.out, metrics, timeline, acc_before, acc_after)
+        files = write_outputs(rt.out, metrics, timeline, acc_before, acc_after)
         return RunResult(metrics, timeline, acc_before, acc_after, rt.out, files)
 
-    def _one_step(self, step: int, item: dict) -> dict:
-        rt, job, g = self.rt, self.job, self.g
-        res = item["done"] if "done" in item else self._collect(item)
-        responses, logprobs, versions, span = res["responses"], res["logprobs"], res["versions"], res["span"]
-        self._record("generate", "generate", step, span)
-        t = time.time()
-        texts = self.tok.batch_decode(responses, skip_special_tokens=True)
+    def _score(self, step: int, problems: list, res: dict) -> tuple[dict, torch.Tensor | None, Batch | None]:
+        """Rewards for a step's samples (and ReMax's greedy responses), then DAPO's dynamic sampling.
+        Returns the step's sample metrics (over every sample drawn), the greedy scores, and the batch
+        to train on (None when dynamic sampling kept no group)."""
+        job = self.job
         n = job.samples_per_prompt
-        problems = item["problems"]
+        self._record("generate", "generate", step, res["span"])
+        t = time.time()
+        texts = self.tok.batch_decode(res["responses"], skip_special_tokens=True)
         scores = torch.tensor([self.task.reward(problems[i // n], txt) for i, txt in enumerate(texts)])
         self._record("reward", "reward", step, (t, time.time()))
-        reward, accuracy = float(scores.mean()), float((scores >= 1.0).float().mean())  # over every sample drawn
-        extra: dict[str, float] = {}
+        staleness = [step - v for v in res["versions"]]
+        m = {"step": step + 1, "reward": float(scores.mean()), "accuracy": float((scores >= 1.0).float().mean()),
+             "response_len": sum(map(len, res["responses"])) / len(res["responses"]),
+             "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness)}
         greedy_scores = None
         if "greedy" in res:
             self._record("generate_greedy", "generate", step, res["greedy_span"])
@@ -320,26 +322,31 @@ class _Runner:
             greedy_texts = self.tok.batch_decode(res["greedy"], skip_special_tokens=True)
             greedy_scores = torch.tensor([self.task.reward(p, txt) for p, txt in zip(problems, greedy_texts)])
             self._record("reward_greedy", "reward", step, (t, time.time()))
-            extra["greedy_reward"] = float(greedy_scores.mean())
-        prompts, groups = item["prompts"], [i // n for i in range(len(responses))]
+            m["greedy_reward"] = float(greedy_scores.mean())
+        rows = list(range(len(scores)))
         if self.dynamic_sampling:
             t = time.time()
             keep = _mixed_groups(scores, n, job.prompts)
             rows = [g * n + j for g in keep for j in range(n)]
-            prompts, responses, logprobs, versions = ([x[i] for i in rows] for x in (prompts, responses, logprobs,
-                                                                                      versions))
-            groups = [i // n for i in range(len(rows))]
-            extra["kept_groups"] = float(len(keep))
-            scores = scores[rows] if rows else scores[:0]
+            m["kept_groups"] = float(len(keep))
             self._record("dynamic_sampling", "compute", step, (t, time.time()))
             if not rows:  # every group's samples scored alike: nothing to learn from this step
-                staleness = [step - v for v in res["versions"]]
-                return {"step": step + 1, "reward": reward, "accuracy": accuracy,
-                        "response_len": sum(map(len, res["responses"])) / len(res["responses"]),
-                        "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),
-                        **extra, "skipped": 1.0}
-        batch = build_batch(prompts, responses, logprobs, groups, versions, self.tok.pad_token_id)
-        batch.scores = scores
+                return m | {"skipped": 1.0}, greedy_scores, None
+        def pick(xs: list) -> list:
+            return [xs[i] for i in rows]
+
+        batch = build_batch(pick(res["prompts"]), pick(res["responses"]), pick(res["logprobs"]),
+                            [i // n for i in range(len(rows))], pick(res["versions"]), self.tok.pad_token_id)
+        batch.scores = scores[rows]
+        return m, greedy_scores, batch
+
+    def _one_step(self, step: int, item: dict) -> dict:
+        rt, job, g = self.rt, self.job, self.g
+        res = item["done"] if "done" in item else self._collect(item)
+        m, greedy_scores, batch = self._score(step, item["problems"], res)
+        if batch is None:
+            return m
+        scores = batch.scores
         if self.fused:
             batch.extras["old_logprobs"] = batch.rollout_logprobs
         else:
@@ -348,14 +355,15 @@ class _Runner:
             self._record("actor_logprobs", "infer", step, span)
             # how far the engine's logprobs are from the trainer's for the same tokens: ~1e-6 when both hold
             # the same weights; larger when samples are stale (async) or the engines' numerics differ
-            gap = float(((batch.rollout_logprobs - batch.extras["old_logprobs"]) * batch.mask).abs().max())
+            gap = (batch.rollout_logprobs - batch.extras["old_logprobs"]) * batch.mask
+            m["logprob_gap_max"] = float(gap.abs().max())
         if self.has_ref:
             method = "ref_logprobs" if self.colocated else "logprobs"
             out, span = self.ray.get(getattr(self.ref, method).remote(batch))
             batch.extras["ref_logprobs"] = out
             # the policy's KL to the reference on the sampled tokens (k1, mean per token): what a KL penalty holds
             diff = (batch.extras["old_logprobs"] - out) * batch.mask
-            extra["kl_ref"] = float(diff.sum() / batch.mask.sum().clamp(min=1))
+            m["kl_ref"] = float(diff.sum() / batch.mask.sum().clamp(min=1))
             self._record("ref_logprobs", "infer", step, span)
         if self.critics:
             outs, span = self._call_trainers(self.critics, "values", batch)
@@ -380,11 +388,7 @@ class _Runner:
             outs, span = self._call_trainers(self.critics, method, batch, job.ppo_epochs, job.mini_batches, seed)
             self._record("critic_update", "train", step, span)
             train_metrics.update({f"critic_{k}": v for k, v in outs[0].items()})
-        staleness = [step - v for v in versions]
-        return {"step": step + 1, "reward": reward, "accuracy": accuracy,
-                "response_len": float(batch.response_lengths().mean()), "staleness_mean": sum(staleness) / len(staleness),
-                "staleness_max": max(staleness), **({} if self.fused else {"logprob_gap_max": gap}), **extra,
-                **{k: float(v) for k, v in train_metrics.items()}}
+        return m | {k: float(v) for k, v in train_metrics.items()}
 
     # ---- checkpoints -------------------------------------------------------------------------------------
     def _checkpoint(self, step: int, metrics: list, pending: dict, acc_before: float) -> None:
@@ -400,7 +404,7 @@ class _Runner:
                  "actor": self._collective(self.trainers, "checkpoint_state"),
                  "critic": self._critic_state(),
                  "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
-        _save_atomic(os.path.join(self.rt.out, "checkpoints"), step, state, self.rt.keep_checkpoints)
+        save_atomic(os.path.join(self.rt.out, "checkpoints"), step, state, self.rt.keep_checkpoints)
 
     def _collective(self, workers, method: str):
         """Gathering sharded weights is a collective: every rank of the group must take part; rank 0's
@@ -445,106 +449,6 @@ def _mixed_groups(scores: torch.Tensor, n: int, limit: int) -> list[int]:
 
 def _split(n: int, parts: int) -> list[torch.Tensor]:
     return [c for c in torch.tensor_split(torch.arange(n), parts)]
-
-
-def _append_jsonl(path: str, row: dict) -> None:
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(row) + "\n")
-        fh.flush()
-
-
-def _save_atomic(folder: str, step: int, state: dict, keep: int) -> str:
-    """Write to a temporary folder, fsync, rename into place, then point `latest` at it: a kill at any
-    moment leaves the previous checkpoint whole and `latest` naming a complete one."""
-    os.makedirs(folder, exist_ok=True)
-    final = os.path.join(folder, f"step-{step:06d}")
-    tmp = os.path.join(folder, f".tmp-step-{step:06d}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    path = os.path.join(tmp, "state.pt")
-    with open(path, "wb") as fh:
-        torch.save(state, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    pointer = os.path.join(folder, "latest")
-    with open(pointer + ".tmp", "w", encoding="utf-8") as fh:
-        fh.write(os.path.basename(final))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(pointer + ".tmp", pointer)
-    done = sorted(d for d in os.listdir(folder) if d.startswith("step-"))
-    for old in done[:-keep] if keep > 0 else []:
-        shutil.rmtree(os.path.join(folder, old), ignore_errors=True)
-    return final
-
-
-def _load_latest(folder: str) -> dict | None:
-    pointer = os.path.join(folder, "latest")
-    if not os.path.exists(pointer):
-        return None
-    with open(pointer, encoding="utf-8") as fh:
-        name = fh.read().strip()
-    return torch.load(os.path.join(folder, name, "state.pt"), weights_only=False)
-
-
-def _write_outputs(out: str, metrics: list, timeline: Timeline, before: float, after: float) -> list[str]:
-    from rpeg.sim.export import write_gantt, write_trace
-
-    files = [write_trace(timeline, os.path.join(out, "timeline.json"), "rpeg train (measured)"),
-             write_gantt(timeline, os.path.join(out, "gantt.png"), "measured")]
-    files.append(_plot_rewards(out, metrics, before, after))
-    with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as fh:
-        json.dump({"accuracy_before": before, "accuracy_after": after, "steps": len(metrics),
-                   "mean_step_s": timeline.step_s}, fh, indent=1)
-    files.append(os.path.join(out, "summary.json"))
-    return files
-
-
-def _plot_rewards(out: str, metrics: list, before: float, after: float) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [m["step"] for m in metrics]
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.plot(steps, [m["reward"] for m in metrics], label="train reward", color="#4c8bd6")
-    ax.plot(steps, [m["accuracy"] for m in metrics], label="train accuracy (sampled)", color="#6fbf5f", alpha=0.7)
-    tests = [(m["step"], m["test_accuracy"]) for m in metrics if "test_accuracy" in m]
-    ax.plot([0] + [s for s, _ in tests], [before["sampled"]] + [a for _, a in tests], "o-",
-            label="held-out accuracy (sampled)", color="#e8804a")
-    greedy = [(m["step"], m["test_accuracy_greedy"]) for m in metrics if "test_accuracy_greedy" in m]
-    ax.plot([0] + [s for s, _ in greedy], [before["greedy"]] + [a for _, a in greedy], "s--",
-            label="held-out accuracy (greedy)", color="#9b6bd1", alpha=0.8)
-    ax.set_xlabel("step")
-    ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=8, loc="lower right")
-    ax.set_title(f"held-out accuracy, sampled {before['sampled']:.2f} -> {after['sampled']:.2f}, greedy "
-                 f"{before['greedy']:.2f} -> {after['greedy']:.2f}", fontsize=9)
-    fig.tight_layout()
-    path = os.path.join(out, "reward.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-class _bar:
-    """A progress bar with step, reward, accuracy, step time and staleness (tqdm)."""
-
-    def __init__(self, total: int, start: int, enabled: bool):
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=total, initial=start, disable=not enabled, unit="step", dynamic_ncols=True)
-
-    def update(self, m: dict) -> None:
-        self.bar.set_postfix(reward=f"{m['reward']:.2f}", acc=f"{m['accuracy']:.2f}", step_s=f"{m['step_s']:.1f}",
-                             stale=f"{m['staleness_max']}")
-        self.bar.update(1)
-
-    def close(self) -> None:
-        self.bar.close()
 
 
 __all__ = ["RunResult", "run", "Kind"]
