@@ -9,9 +9,11 @@ STAMP  := $(VENV)/.installed
 VLLM_VENV  ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test test-vllm venv clean
+.PHONY: demo test test-vllm venv venv-vllm clean
 
 venv: $(STAMP)
+
+venv-vllm: $(VLLM_STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)

