@@ -48,9 +48,10 @@ def _rates(device: Device, dtype: str, decode: bool = False) -> tuple[float, flo
             device.hbm_bandwidth_bytes_per_s * hbm)
 
 
-def rows_efficiency(rows: float) -> float:
-    """GEMM_ROWS: the fraction of the large-GEMM rate a GEMM with `rows` rows (tokens) reaches."""
-    return rows / (rows + GEMM_ROWS_HALF.value) if rows > 0 else 1.0
+def rows_efficiency(rows: float, kind: str) -> float:
+    """GEMM_ROWS_HALF: the fraction of the large-GEMM rate a GEMM with `rows` rows (tokens) reaches on a
+    device of `kind`."""
+    return rows / (rows + GEMM_ROWS_HALF[kind].value) if rows > 0 else 1.0
 
 
 def experts_touched(spec: ModelSpec, tokens: float) -> float:
@@ -85,7 +86,7 @@ def layer_forward(spec: ModelSpec, device: Device, *, tokens: float, context: fl
     act_bytes = BF16 * tokens * (4 * spec.hidden + 3 * mlp_width) / tp  # GEMM inputs and outputs
     gemm_flops = 2.0 * tokens * dense_params
     weight_bytes = BF16 * dense_params
-    gemm_s = max(gemm_flops / (gemm_rate * rows_efficiency(tokens)), (weight_bytes + act_bytes) / bw)
+    gemm_s = max(gemm_flops / (gemm_rate * rows_efficiency(tokens, device.kind)), (weight_bytes + act_bytes) / bw)
     permute_bytes = 0.0
     if moe:
         # Routed experts: spread over `ep` devices at full width (Megatron EP, vLLM EP) or, without
@@ -98,7 +99,7 @@ def layer_forward(spec: ModelSpec, device: Device, *, tokens: float, context: fl
         rows = assignments / max(touched, 1e-9)
         e_flops = 2.0 * assignments * expert / tp
         e_bytes = BF16 * touched * expert / width_split
-        gemm_s += max(e_flops / (gemm_rate * rows_efficiency(rows)), e_bytes / bw)
+        gemm_s += max(e_flops / (gemm_rate * rows_efficiency(rows, device.kind)), e_bytes / bw)
         gemm_flops += e_flops
         weight_bytes += e_bytes
         permute_bytes = 4 * BF16 * assignments * spec.hidden / tp  # permute in and out, read and write

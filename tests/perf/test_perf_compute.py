@@ -22,17 +22,37 @@ def _dense_gemm_params(spec, tp=1):
 
 
 def test_rows_efficiency_curve():
-    half = GEMM_ROWS_HALF.value
-    assert rows_efficiency(half) == pytest.approx(0.5)
-    assert rows_efficiency(1024) == pytest.approx(1024 / (1024 + half))
-    assert rows_efficiency(1) < rows_efficiency(64) < rows_efficiency(8192) < 1.0
+    for kind in ("gpu", "cpu"):
+        half = GEMM_ROWS_HALF[kind].value
+        assert rows_efficiency(half, kind) == pytest.approx(0.5)
+        assert rows_efficiency(1024, kind) == pytest.approx(1024 / (1024 + half))
+        assert rows_efficiency(1, kind) < rows_efficiency(64, kind) < rows_efficiency(8192, kind) < 1.0
+    # CPU micro-kernels are a few rows tall: a 16-row GEMM is at half rate there, a quarter on tensor cores
+    assert rows_efficiency(16, "cpu") == pytest.approx(0.5)
+    assert rows_efficiency(16, "gpu") == pytest.approx(0.2)
+
+
+def test_a_cpu_device_uses_its_own_rows_curve():
+    from rpeg.hardware.loader import device_from_data
+
+    cpu = device_from_data({"name": "test-cpu", "kind": "cpu", "bf16_dense_gflop_per_s": 100.0,
+                            "fp16_dense_gflop_per_s": 100.0, "fp8_dense_gflop_per_s": 0, "hbm_capacity_gb": 16,
+                            "hbm_bandwidth_gb_per_s": 20.0, "scaleup_bandwidth_gb_per_s": 0,
+                            "sources": {k: "test" for k in ("bf16_dense_gflop_per_s", "fp16_dense_gflop_per_s",
+                                                            "fp8_dense_gflop_per_s", "hbm_capacity_gb",
+                                                            "hbm_bandwidth_gb_per_s",
+                                                            "scaleup_bandwidth_gb_per_s")}}, "test")
+    tokens = 16
+    lt = layer_forward(LLAMA, cpu, tokens=tokens, context=8)
+    compute_bound = 2.0 * tokens * _dense_gemm_params(LLAMA) / (cpu.flop_per_s("bf16") * gemm_efficiency(cpu) * 0.5)
+    assert lt.gemm_s == pytest.approx(compute_bound, rel=1e-9)  # 16 rows: half the CPU's GEMM rate
 
 
 def test_a_prefill_of_thousands_of_tokens_is_compute_bound(h100):
     tokens = 8192
     lt = layer_forward(LLAMA, h100, tokens=tokens, context=tokens / 2)
     flops = 2.0 * tokens * _dense_gemm_params(LLAMA)
-    rate = h100.flop_per_s("bf16") * gemm_efficiency(h100) * rows_efficiency(tokens)
+    rate = h100.flop_per_s("bf16") * gemm_efficiency(h100) * rows_efficiency(tokens, "gpu")
     assert lt.gemm_s == pytest.approx(flops / rate, rel=1e-9)
     # the weights and activations it reads would take far less at HBM speed
     moved = BF16 * _dense_gemm_params(LLAMA) + BF16 * tokens * (4 * LLAMA.hidden + 3 * LLAMA.ffn)
@@ -48,7 +68,7 @@ def test_a_decode_step_of_a_few_tokens_reads_the_weights(h100):
     assert lt.gemm_s == pytest.approx(read_s, rel=0.01)  # activations of 4 tokens add < 1%
     assert lt.gemm_s >= read_s
     # well above what its FLOPs take, even at the few-row rate (4 of 64 + 4 rows: 6% of the GEMM rate)
-    rate = h100.flop_per_s("bf16") * gemm_efficiency(h100) * rows_efficiency(4)
+    rate = h100.flop_per_s("bf16") * gemm_efficiency(h100) * rows_efficiency(4, "gpu")
     assert 2.0 * 4 * _dense_gemm_params(LLAMA) / rate < 0.5 * lt.gemm_s
 
 

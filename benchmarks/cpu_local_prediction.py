@@ -1,0 +1,62 @@
+"""The performance model against the runtime on this machine: predicted vs measured step time.
+
+Takes the demo job (examples/demo-grpo-tiny.yaml), lets `rpeg train`'s planner choose the plan for
+`cpu-local` (the machine as `rpeg calibrate` measured it), trains it for a few GRPO steps after a
+short supervised warm-up, and compares the measured mean step and stage times (the runtime's
+timeline, first steps dropped as warm-up) with what the model predicted for the same plan. Prints
+JSON; `ratio` is predicted / measured (1 is exact, above 1 the model is pessimistic).
+
+    .venv/bin/python benchmarks/cpu_local_prediction.py [--steps 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+
+from rpeg.cli_train import runnable_plan
+from rpeg.graph.serde import from_data
+from rpeg.hardware import load_cluster
+from rpeg.runtime.config import RuntimeConfig
+from rpeg.runtime.run import run
+from rpeg.spec import load_spec
+
+WARMUP_STEPS = 5
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--job", default="examples/demo-grpo-tiny.yaml")
+    ap.add_argument("--steps", type=int, default=40)
+    args = ap.parse_args()
+    spec = load_spec(args.job)
+    cluster = load_cluster(spec.cluster or "cpu-local", spec.gpus or 1)
+    cand = runnable_plan(spec.graph(), cluster, spec.gpus or 1)
+    rt = from_data(RuntimeConfig, spec.runtime, "runtime").replace(
+        steps=args.steps + WARMUP_STEPS, warmup_sft_steps=300, eval_every=0, eval_size=20, checkpoint_every=0,
+        out=tempfile.mkdtemp(prefix="rpeg-bench-"))
+    result = run(cand.graph, rt, progress=False)
+    kept = [m for m in result.metrics if m["step"] > WARMUP_STEPS]
+    measured_step = statistics.mean(m["step_s"] for m in kept)
+    stages: dict[str, list[float]] = {}
+    for r in result.timeline.records:
+        if r.step >= WARMUP_STEPS:
+            stages.setdefault(r.unit, []).append(r.end - r.start)
+    measured = {k: statistics.mean(v) for k, v in stages.items()}
+    predicted = {k: c.seconds for k, c in cand.prediction.stages.items() if k in measured}
+    print(json.dumps({
+        "job": args.job, "plan": cand.name, "device": cluster.device.name,
+        "device_gflop_per_s": round(cluster.device.flop_per_s("bf16") / 1e9, 1),
+        "steps_measured": len(kept),
+        "step_s": {"predicted": round(cand.step_s, 3), "measured": round(measured_step, 3),
+                   "ratio": round(cand.step_s / measured_step, 2)},
+        "stages_s": {k: {"predicted": round(predicted[k], 4), "measured": round(measured[k], 4),
+                         "ratio": round(predicted[k] / measured[k], 2) if measured[k] > 0 else None}
+                     for k in predicted if predicted[k] > 0 or measured[k] > 1e-3},
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
