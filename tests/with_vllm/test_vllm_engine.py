@@ -38,7 +38,7 @@ def engine(tiny):
     from rpeg.runtime.vllm_engine import VLLMEngine
 
     path, _, tok = tiny
-    return VLLMEngine(path, tok.eos_token_id, max_model_len=64, seed=0)
+    return VLLMEngine(path, tok.eos_token_id, max_model_len=64, seed=0, memory_fraction=0.1)
 
 
 def _ids(tok):
