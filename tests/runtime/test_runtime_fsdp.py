@@ -33,22 +33,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, world: int, port: int, path: str, out: str) -> None:
+def _join(rank: int, world: int, port: int) -> None:
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def _leave(rank: int, out: str, result) -> None:
+    """Rank 0 saves the result; then every rank leaves the group together."""
+    import torch.distributed as dist
+
+    if rank == 0:
+        torch.save(result, out)
+    dist.barrier()  # no rank tears gloo down while its peer still has a collective in flight
+    dist.destroy_process_group()
+
+
+def _rank(rank: int, world: int, port: int, path: str, out: str) -> None:
+    _join(rank, world, port)
     model, _ = load(path)
     trainer = Trainer(model, CFG, OPT, shard=True)
     b = _batch()
     shard = torch.arange(rank * 4, rank * 4 + 4)
     trainer.train(b.select(shard), epochs=1, mini_batches=1, seed=0)
-    sd = trainer.full_state_dict()
-    if rank == 0:
-        torch.save(sd, out)
-    dist.barrier()  # no rank tears gloo down while its peer still has a collective in flight
-    dist.destroy_process_group()
+    _leave(rank, out, trainer.full_state_dict())
 
 
 def test_two_rank_fsdp2_step_matches_one_process(tmp_path):
@@ -69,21 +79,13 @@ def test_two_rank_fsdp2_step_matches_one_process(tmp_path):
 
 
 def _rank_tp(rank: int, world: int, port: int, path: str, out: str, tp: int) -> None:
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    _join(rank, world, port)
     model, _ = load(path)
     trainer = Trainer(model, CFG, OPT, tp=tp)
     b = _batch()
     logp = trainer.logprobs(b)  # every tensor-parallel rank sees the whole batch
     trainer.train(b, epochs=1, mini_batches=1, seed=0)
-    sd = trainer.full_state_dict()
-    if rank == 0:
-        torch.save({"weights": sd, "logprobs": logp}, out)
-    dist.barrier()  # no rank tears gloo down while its peer still has a collective in flight
-    dist.destroy_process_group()
+    _leave(rank, out, {"weights": trainer.full_state_dict(), "logprobs": logp})
 
 
 def test_two_rank_tensor_parallel_step_matches_one_process(tmp_path):

@@ -27,8 +27,8 @@ from __future__ import annotations
 from rpeg.errors import RpegError
 from rpeg.graph import Graph
 from rpeg.hardware.topology import Cluster
-from rpeg.passes import bound_asynchrony, colocate, place, stream
-from rpeg.search.baselines.common import check_input, finish, generation_stages, node_divisors, split
+from rpeg.passes import bound_asynchrony, stream
+from rpeg.search.baselines.common import check_input, finish, node_divisors, split_generation
 from rpeg.search.layouts import LayoutCache, LayoutOptions
 
 MAX_HEAD_OFFPOLICYNESS = 4
@@ -44,12 +44,7 @@ def options(cluster: Cluster) -> LayoutOptions:
 def build(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Graph | None:
     check_input(graph, cluster, gpus, "areal")
     g = bound_asynchrony(graph, MAX_HEAD_OFFPOLICYNESS)
-    counts = split(gpus, cluster.gpus_per_node, (GENERATION_SHARE, 1 - GENERATION_SHARE))
-    if counts is None:
-        g = colocate(g, gpus)
-    else:
-        g = place(g, {"rollout": counts[0], "train": counts[1]},
-                  assign={s: "rollout" for s in generation_stages(g)}, default="train")
+    g = split_generation(g, cluster, gpus, GENERATION_SHARE, "rollout")
     try:
         g = stream(g, STREAM_MICROBATCHES)  # every edge that can stream
     except RpegError:

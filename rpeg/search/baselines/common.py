@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from rpeg.errors import RpegError
 from rpeg.graph import Graph, Kind, verify
 from rpeg.hardware.topology import Cluster
+from rpeg.passes import colocate, place
 from rpeg.search.layouts import LayoutCache, LayoutOptions, apply_layouts
 
 
@@ -73,6 +74,16 @@ def lay_out(names: Sequence[str], counts: Sequence[int], first: int = 0) -> dict
 
 def generation_stages(graph: Graph) -> list[str]:
     return [s.name for s in graph.stages if s.kind is Kind.GENERATE]
+
+
+def split_generation(graph: Graph, cluster: Cluster, gpus: int, share: float, group: str) -> Graph:
+    """Generation stages on their own `share` of the GPUs (group `group`, whole nodes when the job spans
+    nodes), everything else on the rest; colocated on all `gpus` when they cannot be split."""
+    counts = split(gpus, cluster.gpus_per_node, (share, 1 - share))
+    if counts is None:
+        return colocate(graph, gpus)
+    return place(graph, {group: counts[0], "train": counts[1]}, assign={s: group for s in generation_stages(graph)},
+                 default="train")
 
 
 def finish(graph: Graph, cluster: Cluster, options: LayoutOptions, cache: LayoutCache, name: str) -> Graph | None:

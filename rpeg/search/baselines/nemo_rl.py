@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from rpeg.graph import Graph
 from rpeg.hardware.topology import Cluster
-from rpeg.passes import bound_asynchrony, colocate, place
-from rpeg.search.baselines.common import check_input, finish, generation_stages, node_divisors, split
+from rpeg.passes import bound_asynchrony, colocate
+from rpeg.search.baselines.common import check_input, finish, node_divisors, split_generation
 from rpeg.search.layouts import LayoutCache, LayoutOptions
 
 GENERATION_SHARE = 0.5  # nemo-rl-one-step-off
@@ -53,10 +53,5 @@ def build(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Grap
 def build_one_step_off(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Graph | None:
     check_input(graph, cluster, gpus, "nemo-rl-one-step-off")
     g = bound_asynchrony(graph, MAX_TRAJECTORY_AGE_STEPS)
-    counts = split(gpus, cluster.gpus_per_node, (GENERATION_SHARE, 1 - GENERATION_SHARE))
-    if counts is None:
-        g = colocate(g, gpus)
-    else:
-        g = place(g, {"generation": counts[0], "train": counts[1]},
-                  assign={s: "generation" for s in generation_stages(g)}, default="train")
+    g = split_generation(g, cluster, gpus, GENERATION_SHARE, "generation")
     return finish(g, cluster, options(cluster), cache, "nemo-rl-one-step-off")

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from rpeg.graph import Graph
 from rpeg.hardware.topology import Cluster
-from rpeg.passes import bound_asynchrony, colocate, place
-from rpeg.search.baselines.common import check_input, finish, generation_stages, node_divisors, split
+from rpeg.passes import bound_asynchrony, colocate
+from rpeg.search.baselines.common import check_input, finish, node_divisors, split_generation
 from rpeg.search.layouts import LayoutCache, LayoutOptions
 
 ROLLOUT_SHARE = 0.25  # verl-one-step-off: the rollout pool's share of the GPUs
@@ -53,10 +53,5 @@ def build(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Grap
 def build_one_step_off(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Graph | None:
     check_input(graph, cluster, gpus, "verl-one-step-off")
     g = bound_asynchrony(graph, 1)  # generation of step t + 1 overlaps training of step t
-    counts = split(gpus, cluster.gpus_per_node, (ROLLOUT_SHARE, 1 - ROLLOUT_SHARE))
-    if counts is None:
-        g = colocate(g, gpus)
-    else:
-        g = place(g, {"rollout": counts[0], "train": counts[1]},
-                  assign={s: "rollout" for s in generation_stages(g)}, default="train")
+    g = split_generation(g, cluster, gpus, ROLLOUT_SHARE, "rollout")
     return finish(g, cluster, options(cluster), cache, "verl-one-step-off")
