@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 VLLM_VENV  ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test test-vllm venv venv-vllm clean
+.PHONY: demo demo-check demo-figures test test-vllm venv venv-vllm clean
 
 venv: $(STAMP)
 
@@ -38,6 +38,25 @@ $(VLLM_STAMP): pyproject.toml Makefile
 
 demo: $(STAMP)
 	$(PY) -m rpeg train examples/demo-grpo-tiny.yaml
+
+# CI's check of learning (not of speed): the demo job must raise held-out sampled accuracy by at least
+# DEMO_MIN_GAIN and by DEMO_MIN_Z standard errors (README, "The demo's figures").
+DEMO_MIN_GAIN ?= 0.15
+DEMO_MIN_Z    ?= 6
+demo-check: $(STAMP)
+	$(PY) -m rpeg train examples/demo-grpo-tiny.yaml --out rpeg-out/demo-check --no-progress
+	$(PY) scripts/demo_figures.py check rpeg-out/demo-check --min-gain $(DEMO_MIN_GAIN) --min-z $(DEMO_MIN_Z)
+
+# The README's demo figures: the demo job for each seed and thread count, one after another (about 30
+# minutes on 2 cores), then the table written into README.md and docs/runtime.md.
+DEMO_SEEDS   ?= 0 1 2
+DEMO_THREADS ?= 1 2
+DEMO_RUNS    := $(foreach s,$(DEMO_SEEDS),$(foreach t,$(DEMO_THREADS),rpeg-out/demo-matrix/s$(s)-t$(t)))
+demo-figures: $(STAMP)
+	set -e; for s in $(DEMO_SEEDS); do for t in $(DEMO_THREADS); do \
+	  $(PY) -m rpeg train examples/demo-grpo-tiny.yaml --seed $$s --threads $$t \
+	    --out rpeg-out/demo-matrix/s$$s-t$$t --no-progress; done; done
+	$(PY) scripts/demo_figures.py table $(DEMO_RUNS) --write README.md docs/runtime.md
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 -p no:cacheprovider

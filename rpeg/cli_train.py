@@ -14,6 +14,8 @@ def add_parser(sub) -> None:
     tr.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the output folder")
     tr.add_argument("--out", help="output folder (default: the job's runtime.out)")
     tr.add_argument("--steps", type=int, help="RL steps (default: the job's runtime.steps)")
+    tr.add_argument("--seed", type=int, help="seed of the model, warm-up, sampling and data (default: the job's)")
+    tr.add_argument("--threads", type=int, help="torch threads per worker and for the warm-up (default: the job's)")
     tr.add_argument("--engine", choices=("hf", "vllm"),
                     help="rollout engine (default: the job's runtime.engine, else hf)")
     tr.add_argument("--address", help="a Ray cluster to join (default: RAY_ADDRESS, else a private local one)")
@@ -52,7 +54,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise RpegError(f"{args.job}: no runtime section (what model, task and steps to train)")
     rt = from_data(RuntimeConfig, spec.runtime, "runtime")
     changes = {k: v for k, v in (("out", args.out), ("steps", args.steps), ("address", args.address),
-                                                 ("engine", args.engine)) if v}
+                                 ("engine", args.engine), ("seed", args.seed), ("threads", args.threads))
+               if v is not None and v != ""}
     rt = rt.replace(**changes)
     graph = spec.graph()
     if not graph.groups:
@@ -66,5 +69,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"held-out accuracy after {len(result.metrics)} steps: sampled {b['sampled']:.3f} -> {a['sampled']:.3f}, "
           f"greedy {b['greedy']:.3f} -> {a['greedy']:.3f}; mean step {result.timeline.step_s:.2f} s; "
           f"last train reward {last.get('reward', 0):.3f}")
+    w = result.warmup
+    if w.get("target"):
+        print(f"supervised warm-up: {w['steps']} steps, sampled dev accuracy {w['dev_accuracy']:.3f} "
+              f"(target {w['target']}{'' if w['reached'] else ', not reached'})")
     print("wrote " + ", ".join(os.path.relpath(f) for f in result.files))
     return 0

@@ -8,6 +8,7 @@ In a job file it is the `runtime:` section:
       steps: 40
       lr: 2.0e-5
       warmup_sft_steps: 300     # supervised warm-up on the task's answers, so rewards are not all zero
+      warmup_target: 0.3        # ... that stops once sampled dev accuracy reaches 0.3 (300 steps: a bound)
       eval_every: 10
       checkpoint_every: 10
       out: runs/demo
@@ -34,7 +35,9 @@ class RuntimeConfig:
     micro_batch: int = 64
     temperature: float = 1.0
     max_new_tokens: int = 8
-    warmup_sft_steps: int = 0
+    warmup_sft_steps: int = 0  # the warm-up's steps; with warmup_target, its upper bound
+    warmup_target: float = 0.0  # stop the warm-up at this sampled accuracy on dev problems (0: run every step)
+    warmup_check_every: int = 20  # warm-up steps between two dev checks
     sft_lr: float = 3e-3
     sft_batch: int = 64
     eval_every: int = 10
@@ -50,13 +53,18 @@ class RuntimeConfig:
 
     def __post_init__(self) -> None:
         problems = [f"{f} = {getattr(self, f)} must be positive" for f in ("steps", "micro_batch", "max_new_tokens",
-                                                                            "eval_size", "sft_batch")
+                                                                            "eval_size", "sft_batch",
+                                                                            "warmup_check_every")
                     if getattr(self, f) <= 0]
         problems += [f"{f} = {getattr(self, f)} must be >= 0" for f in ("warmup_sft_steps", "eval_every",
                                                                         "checkpoint_every", "warmup_steps", "threads")
                      if getattr(self, f) < 0]
         if self.lr <= 0 or self.sft_lr <= 0:
             problems.append("lr and sft_lr must be positive")
+        if not 0.0 <= self.warmup_target < 1.0:
+            problems.append(f"warmup_target = {self.warmup_target} must be in [0, 1)")
+        if self.warmup_target and not self.warmup_sft_steps:
+            problems.append("warmup_target needs warmup_sft_steps > 0 (the warm-up's bound)")
         if self.engine not in ("hf", "vllm"):
             problems.append(f"engine = {self.engine!r}: expected hf or vllm")
         if not 0 < self.engine_memory <= 1:

@@ -54,7 +54,10 @@ def load_latest(folder: str) -> dict | None:
     return torch.load(os.path.join(folder, name, "state.pt"), weights_only=False)
 
 
-def write_outputs(out: str, metrics: list, timeline: Timeline, before: float, after: float) -> list[str]:
+def write_outputs(out: str, metrics: list, timeline: Timeline, before: dict, after: dict,
+                  about: dict | None = None) -> list[str]:
+    """The trace, Gantt chart, reward curve and summary.json (accuracies, step time, and `about`:
+    seed, threads, warm-up, wall time — what scripts/demo_figures.py reads)."""
     from rpeg.sim.export import write_gantt, write_trace
 
     files = [write_trace(timeline, os.path.join(out, "timeline.json"), "rpeg train (measured)"),
@@ -62,7 +65,7 @@ def write_outputs(out: str, metrics: list, timeline: Timeline, before: float, af
     files.append(plot_rewards(out, metrics, before, after))
     with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as fh:
         json.dump({"accuracy_before": before, "accuracy_after": after, "steps": len(metrics),
-                   "mean_step_s": timeline.step_s}, fh, indent=1)
+                   "mean_step_s": timeline.step_s} | (about or {}), fh, indent=1)
     files.append(os.path.join(out, "summary.json"))
     return files
 
@@ -106,6 +109,29 @@ class ProgressBar:
     def update(self, m: dict) -> None:
         self.bar.set_postfix(reward=f"{m['reward']:.2f}", acc=f"{m['accuracy']:.2f}", step_s=f"{m['step_s']:.1f}",
                              stale=f"{m['staleness_max']}")
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class WarmupBar:
+    """The supervised warm-up's progress: steps, loss, and the last dev accuracy against the target."""
+
+    def __init__(self, total: int, target: float, enabled: bool):
+        from tqdm import tqdm
+
+        self.target, self.acc = target, None
+        self.bar = tqdm(total=total, disable=not enabled, unit="step", desc="warm-up", dynamic_ncols=True)
+
+    def update(self, step: int, loss: float, acc: float | None) -> None:
+        self.acc = acc if acc is not None else self.acc
+        post = {"loss": f"{loss:.3f}"}
+        if self.target:
+            post["dev_acc"] = "-" if self.acc is None else f"{self.acc:.2f}"
+            post["target"] = f"{self.target:.2f}"
+        if step % 10 == 0 or acc is not None:
+            self.bar.set_postfix(post, refresh=False)
         self.bar.update(1)
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ the simulator's format) and gantt.png, checkpoints/ (atomic; `resume=True` conti
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -29,7 +30,7 @@ from rpeg.graph import Graph, Kind
 from rpeg.runtime import algos
 from rpeg.runtime.batch import Batch, build_batch
 from rpeg.runtime.config import RuntimeConfig
-from rpeg.runtime.outputs import ProgressBar, append_jsonl, load_latest, save_atomic, write_outputs
+from rpeg.runtime.outputs import ProgressBar, WarmupBar, append_jsonl, load_latest, save_atomic, write_outputs
 from rpeg.runtime.plan_check import check_plan
 from rpeg.runtime.rollout import SamplingParams
 from rpeg.runtime.trainer import OptimConfig
@@ -44,6 +45,7 @@ class RunResult:
     accuracy_after: dict[str, float]
     out: str
     files: list[str] = field(default_factory=list)
+    warmup: dict = field(default_factory=dict)  # what the supervised warm-up did (sft.WarmupResult.as_dict)
 
 
 class _Ray:
@@ -73,25 +75,60 @@ class _Ray:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def _prepare_model(rt: RuntimeConfig, task, out: str, resume: bool) -> tuple[str, object]:
-    """The model folder the workers load: the given one, or the tiny one, after the SFT warm-up."""
+WARMUP_DEV_SIZE = 256  # dev problems for a warm-up target: a standard error of at most 0.031 on the accuracy
+
+
+def _prepare_model(rt: RuntimeConfig, task, out: str, resume: bool, progress: bool) -> tuple[str, object, dict]:
+    """The model folder the workers load: the given one, or the tiny one, after the SFT warm-up.
+    Returns (folder, tokenizer, what the warm-up did)."""
     from rpeg.runtime.models import build_tiny, load
     from rpeg.runtime.sft import supervised_warmup
 
     warm = os.path.join(out, "warm-model")
+    record = os.path.join(out, "warmup.json")
     if resume and os.path.exists(os.path.join(warm, "config.json")):
-        return warm, load(warm)[1]
+        done = json.load(open(record, encoding="utf-8")) if os.path.exists(record) else {}
+        return warm, load(warm)[1], done
     src = rt.model_path
     if src == "tiny":
         src = build_tiny(os.path.join(out, "tiny-model"), seed=rt.seed)
     model, tok = load(src)
+    done: dict = {}
     if rt.warmup_sft_steps:
-        problems = task.problems("train", max(2000, rt.sft_batch * 4), seed=rt.seed + 7)
-        supervised_warmup(model, tok, problems, steps=rt.warmup_sft_steps, lr=rt.sft_lr, batch=rt.sft_batch,
-                          seed=rt.seed)
+        torch.set_num_threads(rt.threads or os.cpu_count() or 2)  # the warm-up runs here, in the driver
+        n_train = max(2000, rt.sft_batch * 4)
+        problems = task.problems("train", n_train + (WARMUP_DEV_SIZE if rt.warmup_target else 0), seed=rt.seed + 7)
+        train, dev = problems[:n_train], problems[n_train:]
+        t0 = time.time()
+        bar = WarmupBar(rt.warmup_sft_steps, rt.warmup_target, progress)
+        try:
+            result = supervised_warmup(model, tok, train, steps=rt.warmup_sft_steps, lr=rt.sft_lr,
+                                       batch=rt.sft_batch, seed=rt.seed, target=rt.warmup_target,
+                                       check_every=rt.warmup_check_every, on_step=bar.update,
+                                       check=lambda: _accuracy(model, tok, task, dev, rt))
+        finally:
+            bar.close()
+        done = result.as_dict() | {"seconds": time.time() - t0}
+        if rt.warmup_target and not result.reached:
+            print(f"warning: the supervised warm-up stopped at its bound of {result.steps} steps with dev accuracy "
+                  f"{result.checks[-1][1]:.3f}, below its target {rt.warmup_target}; RL starts from there")
     model.save_pretrained(warm, safe_serialization=True)
     tok.save_pretrained(warm)
-    return warm, tok
+    with open(record, "w", encoding="utf-8") as fh:
+        json.dump(done, fh)
+    return warm, tok, done
+
+
+def _accuracy(model, tok, task, problems: list, rt: RuntimeConfig) -> float:
+    """Sampled accuracy of `model` on `problems`, as the rollout samples (temperature, length)."""
+    from rpeg.runtime.rollout import HFEngine
+
+    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id)
+    prompts = [tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
+    params = SamplingParams(max_new_tokens=rt.max_new_tokens, temperature=rt.temperature)
+    responses, _ = engine.generate(prompts, params, rt.seed + 4243)
+    texts = tok.batch_decode(responses, skip_special_tokens=True)
+    return sum(task.reward(p, t) >= 1.0 for p, t in zip(problems, texts)) / len(problems)
 
 
 def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool = True) -> RunResult:
@@ -112,11 +149,12 @@ def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool
         for name in ("metrics.jsonl",):
             if os.path.exists(os.path.join(rt.out, name)):
                 os.remove(os.path.join(rt.out, name))
-    model_path, tok = _prepare_model(rt, task, rt.out, resume)
+    t0 = time.time()
+    model_path, tok, warmup = _prepare_model(rt, task, rt.out, resume, progress)
     session = _Ray(rt.address)
     try:
         runner = _Runner(graph, rt, task, tok, model_path, session.ray)
-        return runner.loop(state, progress)
+        return runner.loop(state, progress, {"warmup": warmup, "started": t0})
     finally:
         session.close()
 
@@ -262,7 +300,7 @@ class _Runner:
         return out
 
     # ---- the loop ------------------------------------------------------------------------------------
-    def loop(self, state: dict | None, progress: bool) -> RunResult:
+    def loop(self, state: dict | None, progress: bool, about: dict) -> RunResult:
         rt, job = self.rt, self.job
         start, metrics, pending = 0, [], {}
         if state is not None:
@@ -296,8 +334,11 @@ class _Runner:
             bar.close()
         acc_after = self.evaluate()
         timeline = self._timeline(metrics)
-        files = write_outputs(rt.out, metrics, timeline, acc_before, acc_after)
-        return RunResult(metrics, timeline, acc_before, acc_after, rt.out, files)
+        summary = {"seed": rt.seed, "threads": rt.threads or os.cpu_count(), "eval_size": rt.eval_size,
+                   "task": rt.task, "torch": torch.__version__, "warmup": about["warmup"],
+                   "wall_s": time.time() - about["started"]}
+        files = write_outputs(rt.out, metrics, timeline, acc_before, acc_after, summary)
+        return RunResult(metrics, timeline, acc_before, acc_after, rt.out, files, about["warmup"])
 
     def _score(self, step: int, problems: list, res: dict) -> tuple[dict, torch.Tensor | None, Batch | None]:
         """Rewards for a step's samples (and ReMax's greedy responses), then DAPO's dynamic sampling.

@@ -1,0 +1,66 @@
+"""scripts/demo_figures.py: the README table from run summaries, and the CI learning check."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "demo_figures.py")
+spec = importlib.util.spec_from_file_location("demo_figures", SCRIPT)
+df = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(df)
+
+
+def summary(tmp_path, name, before, after, **extra):
+    run = tmp_path / name
+    run.mkdir()
+    data = {"accuracy_before": {"sampled": before, "greedy": 0.5}, "accuracy_after": {"sampled": after, "greedy": 0.6},
+            "eval_size": 1000, "mean_step_s": 0.31, "steps": 400, "seed": 0, "threads": 2, "wall_s": 215.0,
+            "warmup": {"steps": 440, "dev_accuracy": 0.328, "target": 0.25, "reached": True}} | extra
+    (run / "summary.json").write_text(json.dumps(data))
+    return str(run)
+
+
+def test_gain_and_standard_error():
+    g, se = df.gain({"accuracy_before": {"sampled": 0.3}, "accuracy_after": {"sampled": 0.6}, "eval_size": 1000})
+    assert g == pytest.approx(0.3)
+    assert se == pytest.approx(((0.3 * 0.7 + 0.6 * 0.4) / 1000) ** 0.5)
+
+
+def test_table_rows_and_summary_line(tmp_path):
+    runs = [summary(tmp_path, "a", 0.30, 0.62), summary(tmp_path, "b", 0.28, 0.55, seed=1, threads=1)]
+    text = df.table([df.load(r) for r in runs])
+    assert "| 0 | 2 | 440 | 0.328 | 0.300 -> 0.620 | +0.320 (" in text
+    assert "| 1 | 1 | 440 |" in text and "3 min 35 s" in text
+    assert "rose in 2 of 2 runs, by +0.270 to +0.320 (mean +0.295)" in text
+
+
+def test_write_replaces_only_the_block(tmp_path):
+    doc = tmp_path / "README.md"
+    doc.write_text(f"intro\n{df.START}\nold figures\n{df.END}\nrest\n")
+    assert df.main(["table", summary(tmp_path, "a", 0.3, 0.6), "--write", str(doc)]) == 0
+    text = doc.read_text()
+    assert text.startswith(f"intro\n{df.START}\n| seed |") and text.endswith(f"{df.END}\nrest\n")
+    assert "old figures" not in text
+
+
+def test_write_needs_one_block(tmp_path, capsys):
+    doc = tmp_path / "README.md"
+    doc.write_text("no block here\n")
+    assert df.main(["table", summary(tmp_path, "a", 0.3, 0.6), "--write", str(doc)]) == 2
+    assert "needs exactly one" in capsys.readouterr().err
+
+
+def test_check_passes_a_clear_gain_and_fails_a_small_one(tmp_path, capsys):
+    assert df.main(["check", summary(tmp_path, "a", 0.30, 0.60), "--min-gain", "0.15", "--min-z", "6"]) == 0
+    assert df.main(["check", summary(tmp_path, "b", 0.30, 0.35), "--min-gain", "0.15", "--min-z", "6"]) == 1
+    out = capsys.readouterr().out
+    assert "rose by +0.050, less than 0.15" in out and "fewer than 6" in out
+
+
+def test_a_folder_without_a_summary_is_one_line(tmp_path, capsys):
+    assert df.main(["check", str(tmp_path), "--min-gain", "0.1"]) == 2
+    assert "cannot read a run summary" in capsys.readouterr().err
