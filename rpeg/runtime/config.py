@@ -47,6 +47,7 @@ class RuntimeConfig:
     out: str = "rpeg-out/run"
     engine: Literal["hf", "vllm"] = "hf"  # rollout engine: transformers sampling loop, or vLLM's offline engine
     engine_memory: float = 0.4  # vllm: fraction of device memory for its weights and KV cache
+    engine_kv_cache_mib: int = 0  # vllm: KV cache size in MiB instead (0: sized by engine_memory)
     threads: int = 0  # torch threads per worker (0: the worker's CPU share)
     address: str = ""  # a Ray cluster to join ("" : RAY_ADDRESS, else a private local cluster)
     deterministic: bool = True
@@ -57,7 +58,8 @@ class RuntimeConfig:
                                                                             "warmup_check_every")
                     if getattr(self, f) <= 0]
         problems += [f"{f} = {getattr(self, f)} must be >= 0" for f in ("warmup_sft_steps", "eval_every",
-                                                                        "checkpoint_every", "warmup_steps", "threads")
+                                                                        "checkpoint_every", "warmup_steps", "threads",
+                                                                        "engine_kv_cache_mib")
                      if getattr(self, f) < 0]
         if self.lr <= 0 or self.sft_lr <= 0:
             problems.append("lr and sft_lr must be positive")

@@ -62,7 +62,7 @@ class VLLMEngine:
     """Sampling with vLLM's offline engine on a local Hugging Face model folder."""
 
     def __init__(self, model_path: str, eos_id: int, *, max_model_len: int | None = None, seed: int = 0,
-                 dtype: str = "float32", memory_fraction: float = 0.4, threads: int = 0):
+                 dtype: str = "float32", memory_fraction: float = 0.4, kv_cache_bytes: int = 0, threads: int = 0):
         if threads > 0:  # on CPU vLLM pins its threads from OMP_NUM_THREADS; set_num_threads is a no-op after
             os.environ["OMP_NUM_THREADS"] = str(threads)
         require()
@@ -73,9 +73,13 @@ class VLLMEngine:
         self.eos_id = eos_id
         self.version = 0
         t = time.time()
+        # the KV cache: a fixed size when given, else vLLM's share of device memory. On CPU vLLM takes
+        # that share of the NUMA node's memory minus what the worker process already holds, so a small
+        # fraction fails on a machine with less memory per node; a fixed size does not depend on it.
+        memory = {"kv_cache_memory_bytes": kv_cache_bytes} if kv_cache_bytes > 0 else {}
         self.llm = LLM(model=model_path, distributed_executor_backend="uni", worker_extension_cls=EXTENSION,
                        dtype=dtype, max_model_len=max_model_len, enforce_eager=True, seed=seed,
-                       gpu_memory_utilization=memory_fraction, logprobs_mode="processed_logprobs")
+                       gpu_memory_utilization=memory_fraction, logprobs_mode="processed_logprobs", **memory)
         self.start_seconds = time.time() - t
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int):

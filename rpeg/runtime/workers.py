@@ -36,13 +36,14 @@ def _load(path: str):
     return load(path)
 
 
-def _engine(kind: str, model, tok, model_path: str, *, seed: int, threads: int, memory: float):
+def _engine(kind: str, model, tok, model_path: str, *, seed: int, threads: int, memory: float, kv_mib: int = 0):
     """The rollout engine the job asks for: `hf` samples with `model` itself; `vllm` loads its own
     copy of the weights from `model_path` and takes new ones through `load_weights`."""
     if kind == "vllm":
         from rpeg.runtime.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model_path, tok.eos_token_id, seed=seed, threads=threads, memory_fraction=memory)
+        return VLLMEngine(model_path, tok.eos_token_id, seed=seed, threads=threads, memory_fraction=memory,
+                          kv_cache_bytes=kv_mib * 2**20)
     return HFEngine(model, tok.eos_token_id, tok.pad_token_id)
 
 
@@ -56,11 +57,12 @@ class RolloutWorker:
     """One generation engine instance with its own copy of the weights."""
 
     def __init__(self, model_path: str, threads: int = 0, deterministic: bool = True, engine: str = "hf",
-                 seed: int = 0, engine_memory: float = 0.4):
+                 seed: int = 0, engine_memory: float = 0.4, engine_kv_cache_mib: int = 0):
         _threads(threads)
         _deterministic(deterministic)
         model, tok = _load(model_path)
-        self.engine = _engine(engine, model, tok, model_path, seed=seed, threads=threads, memory=engine_memory)
+        self.engine = _engine(engine, model, tok, model_path, seed=seed, threads=threads, memory=engine_memory,
+                              kv_mib=engine_kv_cache_mib)
 
     def generate(self, prompts, params: SamplingParams, seed: int):
         (resp, lps), span = _timed(self.engine.generate, prompts, params, seed)
@@ -127,14 +129,15 @@ class ColocatedWorker:
 
     def __init__(self, model_path: str, config: AlgoConfig, optim: OptimConfig, *, reference: bool, critic: bool,
                  shared_value: bool, threads: int = 0, deterministic: bool = True, seed: int = 0,
-                 engine: str = "hf", engine_memory: float = 0.4):
+                 engine: str = "hf", engine_memory: float = 0.4, engine_kv_cache_mib: int = 0):
         _threads(threads)
         _deterministic(deterministic)
         torch.manual_seed(seed)
         model, tok = _load(model_path)
         self.actor = Trainer(model, config, optim, lm=True, value=shared_value)
         # hf: the engine samples with the trainer's own model; vllm: it holds a copy, refreshed in-process
-        self.engine = _engine(engine, model, tok, model_path, seed=seed, threads=threads, memory=engine_memory)
+        self.engine = _engine(engine, model, tok, model_path, seed=seed, threads=threads, memory=engine_memory,
+                              kv_mib=engine_kv_cache_mib)
         self.shares_model = isinstance(self.engine, HFEngine)
         self.ref = Trainer(_load(model_path)[0].eval(), config, optim, lm=True) if reference else None
         self.critic = Trainer(_load(model_path)[0], config, optim, lm=False, value=True) if critic else None

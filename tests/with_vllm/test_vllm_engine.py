@@ -38,7 +38,7 @@ def engine(tiny):
     from rpeg.runtime.vllm_engine import VLLMEngine
 
     path, _, tok = tiny
-    return VLLMEngine(path, tok.eos_token_id, max_model_len=64, seed=0, memory_fraction=0.1)
+    return VLLMEngine(path, tok.eos_token_id, max_model_len=64, seed=0, kv_cache_bytes=64 * 2**20)
 
 
 def _ids(tok):
@@ -148,7 +148,7 @@ def test_grpo_steps_with_vllm_generating(tmp_path, disaggregated):
 
     rt = RuntimeConfig(model_path="tiny", task={"name": "arithmetic", "ops": ["add"], "level": 1}, steps=3,
                        lr=1e-3, max_new_tokens=3, eval_every=0, eval_size=8, checkpoint_every=0,
-                       out=str(tmp_path / "run"), threads=1, engine="vllm", engine_memory=0.05)
+                       out=str(tmp_path / "run"), threads=1, engine="vllm", engine_kv_cache_mib=64)
     result = run(_plan(disaggregated), rt, progress=False)
     rows = [json.loads(line) for line in open(os.path.join(result.out, "metrics.jsonl"))]
     assert [r["step"] for r in rows] == [1, 2, 3]
