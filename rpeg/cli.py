@@ -25,7 +25,9 @@ import os
 import sys
 from collections.abc import Sequence
 
+from rpeg.cli_args import MAX_STALENESS, MAX_STEPS, count, real
 from rpeg.errors import RpegError
+from rpeg.graph.bounds import MAX_COEF, MAX_TOKENS
 from rpeg.report import params, si, table
 
 
@@ -44,13 +46,13 @@ def _job_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prompts", type=int, default=64, help="prompts per step (64)")
     g.add_argument("--samples", "-n", type=int, default=8, help="samples per prompt (8)")
     g.add_argument("--prompt-len", type=int, default=512, help="prompt tokens (512)")
-    g.add_argument("--response-len", type=float, default=1024, help="mean response tokens (1024)")
-    g.add_argument("--response-max", type=int, default=0, help="max response tokens (default: the mean)")
+    g.add_argument("--response-len", type=real(1, MAX_TOKENS), default=1024, help="mean response tokens (1024)")
+    g.add_argument("--response-max", type=count(0, MAX_TOKENS), default=0, help="max response tokens (default: the mean)")
     g.add_argument("--response-dist", choices=("fixed", "uniform", "lognormal"), default=None,
                    help="length distribution (fixed; lognormal when --response-max > mean)")
     g.add_argument("--epochs", type=int, default=1, help="PPO epochs per step (1)")
     g.add_argument("--mini-batches", type=int, default=1, help="optimizer steps per epoch (1)")
-    g.add_argument("--kl-coef", type=float, default=None, help="reference KL coefficient (0 drops the reference)")
+    g.add_argument("--kl-coef", type=real(0, MAX_COEF), default=None, help="reference KL coefficient (0 drops the reference)")
     s = p.add_argument_group("passes")
     s.add_argument("--async", dest="async_bound", type=int, default=None, metavar="K",
                    help="bounded asynchrony: generation up to K steps ahead")
@@ -73,6 +75,8 @@ def _spec(args: argparse.Namespace):
 
         algo = get_algorithm(args.algorithm)
         mean, top = args.response_len, args.response_max
+        if top and top < mean:
+            raise RpegError(f"--response-max {top} is below --response-len {mean:g}: the mean cannot exceed the cap")
         kind = args.response_dist or ("lognormal" if top > mean else "fixed")
         if kind == "uniform":
             dist = LengthDistribution(kind="uniform", min=max(1, int(2 * mean - top)) if top else 1,
@@ -93,6 +97,8 @@ def _spec(args: argparse.Namespace):
     if args.share:
         extra.append(PassCall("share_actor_critic"))
     if args.async_bound is not None:
+        if args.async_bound > MAX_STALENESS:
+            raise RpegError(f"--async {args.async_bound} exceeds {MAX_STALENESS} (published systems use 1-8)")
         extra.append(PassCall("bound_asynchrony", {"k": args.async_bound}))
     if args.stream is not None:
         extra.append(PassCall("stream", {"microbatches": args.stream}))
@@ -246,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(fn=cmd_show)
     an = sub.add_parser("analyze", help="work-depth analysis of a pipeline")
     _job_options(an)
-    an.add_argument("--steps", type=int, default=8, help="steps to unroll for the async table (8)")
+    an.add_argument("--steps", type=count(1, MAX_STEPS), default=8, help="steps to unroll for the async table (8)")
     an.add_argument("--json", action="store_true", help="print JSON")
     an.set_defaults(fn=cmd_analyze)
     sub.add_parser("algorithms", help="list algorithms").set_defaults(fn=cmd_algorithms)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from rpeg.errors import RpegError
+from rpeg.cli_args import MAX_GPUS, count
 from rpeg.report import table
 
 
@@ -13,7 +13,7 @@ def add_parsers(sub, job_options) -> None:
     pr = sub.add_parser("predict", help="per-stage time, memory per GPU and the bottleneck of a planned job")
     job_options(pr)
     pr.add_argument("--cluster", help="cluster preset or file (default: the job file's, else dgx-h100)")
-    pr.add_argument("--gpus", type=int, help="devices to use (default: the job file's, else one node)")
+    pr.add_argument("--gpus", type=count(1, MAX_GPUS), help="devices to use (default: the job file's, else one node)")
     pr.add_argument("--json", action="store_true", help="print JSON")
     pr.set_defaults(fn=cmd_predict)
     va = sub.add_parser("validate", help="predicted vs measured for a file of published measurements")
@@ -159,4 +159,4 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_parsers", "RpegError"]
+__all__ = ["add_parsers"]

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 
+from rpeg.cli_args import MAX_GPUS, MAX_STALENESS, MAX_STEPS, count
 from rpeg.errors import RpegError
 from rpeg.report import table
 
@@ -14,10 +15,10 @@ def add_parser(sub, job_options) -> None:
     pl = sub.add_parser("plan", help="search the fastest (or cheapest) plan and compare the peers' plans")
     job_options(pl)
     pl.add_argument("--cluster", help="cluster preset or file (default: the job file's, else dgx-h100)")
-    pl.add_argument("--gpus", type=int, help="devices (default: the job file's, else one node)")
+    pl.add_argument("--gpus", type=count(1, MAX_GPUS), help="devices (default: the job file's, else one node)")
     pl.add_argument("--objective", choices=("time", "throughput", "cost"), default="time")
     pl.add_argument("--max-staleness", type=int, default=1, help="largest async bound allowed (1)")
-    pl.add_argument("--steps", type=int, default=8, help="steps to simulate for the timelines (8)")
+    pl.add_argument("--steps", type=count(1, MAX_STEPS), default=8, help="steps to simulate for the timelines (8)")
     pl.add_argument("--out", default="rpeg-out", help="folder for the trace and Gantt files (rpeg-out)")
     pl.add_argument("--json", action="store_true", help="print JSON")
     pl.set_defaults(fn=cmd_plan)
@@ -45,6 +46,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     spec = _spec(args)
     if args.max_staleness < 0:
         raise RpegError(f"--max-staleness must be >= 0, got {args.max_staleness}")
+    if args.max_staleness > MAX_STALENESS:
+        raise RpegError(f"--max-staleness must be <= {MAX_STALENESS}, got {args.max_staleness} (the search tries "
+                        "every bound up to it; published systems use 1-8)")
     graph = _bare(spec)
     name = args.cluster or spec.cluster or "dgx-h100"
     base = load_cluster(name)

@@ -1,12 +1,15 @@
 """The `rpeg` command: output, files written, and one-line errors with exit code 2."""
 
 import json
+import pathlib
 import subprocess
 import sys
 
 import pytest
 
 from rpeg.cli import main
+
+DEMO = str(pathlib.Path(__file__).resolve().parents[1] / "examples" / "demo-grpo-tiny.yaml")
 
 
 def run(capsys, *argv):
@@ -61,6 +64,8 @@ def test_job_file_and_passes(capsys, tmp_path):
     (["show", "ppo", "--model", "qwen3-8B", "--async", "-1"], "k must be"),
     (["show", "reinforce_pp", "--model", "qwen3-8B", "--stream", "1"], "microbatches must be"),
     (["frobnicate"], "invalid choice"),
+    (["train", DEMO, "--steps", "0"], "steps = 0 must be positive"),
+    (["train", DEMO, "--threads", "-1"], "threads = -1 must be >= 0"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
     code, out, err = run(capsys, *argv)

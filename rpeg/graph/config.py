@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rpeg.errors import RpegError
+from rpeg.graph.bounds import MAX_COEF, problem
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -35,7 +36,13 @@ class AlgoConfig:
     entropy_coef: float = 0.0
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = [p for p in (problem(f, getattr(self, f), minimum=0, maximum=MAX_COEF)
+                                for f in ("clip_low", "clip_high", "kl_coef", "value_clip", "entropy_coef",
+                                          "gamma", "lam")) if p]
+        # oversample only scales counts the model multiplies in closed form: finite is enough
+        problems += [p for p in [problem("oversample", self.oversample, minimum=0)] if p]
+        if problems:  # NaN, inf, negative or absurd: each named once, before the rules below compare them
+            raise RpegError("algorithm config: " + "; ".join(problems))
         if self.clip_low < 0 or self.clip_high < 0:
             problems.append(f"clip_low = {self.clip_low} and clip_high = {self.clip_high} must be >= 0")
         if self.kl_coef < 0:

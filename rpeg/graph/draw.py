@@ -132,12 +132,6 @@ def _layout(g: Graph) -> tuple[dict[str, tuple[int, float]], dict[tuple[str, str
     return nodes, paths
 
 
-def _arc_mid(start: tuple[float, float], end: tuple[float, float], rad: float) -> tuple[float, float]:
-    """Midpoint of matplotlib's arc3 curve: the chord's midpoint moved rad/2 along its normal."""
-    dx, dy = end[0] - start[0], end[1] - start[1]
-    return (start[0] + end[0]) / 2 + rad / 2 * dy, (start[1] + end[1]) / 2 - rad / 2 * dx
-
-
 def draw_png(g: Graph, path: str, title: str | None = None) -> str:
     """Draw the graph to a PNG file; returns the path."""
     import matplotlib

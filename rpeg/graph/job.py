@@ -13,6 +13,7 @@ from functools import cache
 from typing import Literal
 
 from rpeg.errors import RpegError
+from rpeg.graph.bounds import MAX_EPOCHS, MAX_POINTS, MAX_PROMPTS, MAX_SAMPLES, MAX_TOKENS, problem, problems
 
 DistKind = Literal["fixed", "uniform", "lognormal", "empirical"]
 
@@ -37,6 +38,16 @@ class LengthDistribution:
 
     def __post_init__(self) -> None:
         kind = self.kind
+        bad = problems([problem("response length: mean", self.mean, minimum=0, maximum=MAX_TOKENS),
+                        problem("response length: max", self.max, minimum=0, maximum=MAX_TOKENS),
+                        problem("response length: min", self.min, maximum=MAX_TOKENS),
+                        problem("response length: sigma", self.sigma, maximum=100)])
+        if len(self.points) > MAX_POINTS:
+            bad.append(f"response length: {len(self.points):,} empirical points, more than {MAX_POINTS:,} (a sample "
+                       "of that size gives the distribution as well as any larger one)")
+        bad += problems([problem("response length: point", p, maximum=MAX_TOKENS) for p in set(self.points)][:1])
+        if bad:
+            raise RpegError("; ".join(bad))
         object.__setattr__(self, "mean", float(self.mean))  # one YAML spelling, however it was given
         if kind == "fixed":
             if self.mean <= 0:
@@ -201,13 +212,15 @@ class Job:
     mini_batches: int = 1
 
     def __post_init__(self) -> None:
-        problems = [f"{f} = {getattr(self, f)} must be positive"
-                    for f in ("prompts", "samples_per_prompt", "prompt_len", "ppo_epochs", "mini_batches")
-                    if getattr(self, f) <= 0]
-        if not problems and self.mini_batches > self.sequences:
-            problems.append(f"mini_batches = {self.mini_batches} exceeds the {self.sequences} sequences per step")
-        if problems:
-            raise RpegError("job: " + "; ".join(problems))
+        bad = problems([problem("prompts", self.prompts, positive=True, maximum=MAX_PROMPTS),
+                        problem("samples_per_prompt", self.samples_per_prompt, positive=True, maximum=MAX_SAMPLES),
+                        problem("prompt_len", self.prompt_len, positive=True, maximum=MAX_TOKENS),
+                        problem("ppo_epochs", self.ppo_epochs, positive=True, maximum=MAX_EPOCHS),
+                        problem("mini_batches", self.mini_batches, positive=True)])
+        if not bad and self.mini_batches > self.sequences:
+            bad.append(f"mini_batches = {self.mini_batches} exceeds the {self.sequences} sequences per step")
+        if bad:
+            raise RpegError("job: " + "; ".join(bad))
 
     def replace(self, **changes) -> Job:
         return dataclasses.replace(self, **changes)

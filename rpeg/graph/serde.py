@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import os
+import stat
 import types
 
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
@@ -153,20 +155,96 @@ def dump_json(value: Any) -> str:
     return json.dumps(to_data(value), indent=1)
 
 
+# Bounds on what a reader accepts. Job, cluster, device and validation files are a few kilobytes;
+# these keep a wrong or hostile file from costing unbounded memory or time.
+MAX_FILE_BYTES = 8 * 2**20  # the largest file read
+MAX_DEPTH = 64  # nesting of mappings and lists
+MAX_VALUES = 200_000  # values in the document, counting each use of a YAML alias (a "billion laughs" file
+# of a few hundred bytes expands to billions)
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (YAML would keep the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                continue  # PyYAML reports an unhashable key itself
+            if key in seen:
+                mark = key_node.start_mark
+                raise RpegError(f"{self.name}:{mark.line + 1}:{mark.column + 1}: key {_short(key)} given twice "
+                                f"(first on line {seen[key] + 1})")
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _json_pairs(source: str):
+    def hook(pairs):
+        keys = [k for k, _ in pairs]
+        dup = next((k for k in keys if keys.count(k) > 1), None)
+        if dup is not None:
+            raise RpegError(f"{source}: key {_short(dup)} given twice in one object")
+        return dict(pairs)
+
+    return hook
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _check_shape(data: Any, source: str) -> Any:
+    """Refuse documents nested deeper than MAX_DEPTH or holding more than MAX_VALUES values (each alias
+    use counted); iterative, so a deep document cannot exhaust the stack here."""
+    stack, count = [(data, 1)], 0
+    while stack:
+        value, depth = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise RpegError(f"{source}: more than {MAX_VALUES:,} values (repeated YAML aliases?); "
+                            "job and cluster files are far smaller")
+        if isinstance(value, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise RpegError(f"{source}: nested deeper than {MAX_DEPTH} levels")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for k, v in items:
+                stack.append((v, depth + 1))
+                if isinstance(value, dict):
+                    stack.append((k, depth + 1))
+    return data
+
+
 def parse_yaml(text: str, source: str = "<string>") -> Any:
-    """Parse YAML or JSON; a syntax error becomes one line naming the place.
+    """Parse YAML or JSON; a syntax error becomes one line naming the place. Keys given twice, deeper
+    nesting than MAX_DEPTH and more than MAX_VALUES values are refused.
 
     JSON text goes through `json` first: PyYAML reads YAML 1.1, where `1e-05` (how `json` writes
     small floats) is a string, not a number, so JSON is not quite YAML here.
     """
+    if len(text) > MAX_FILE_BYTES:
+        raise RpegError(f"{source}: {len(text):,} characters, more than the {MAX_FILE_BYTES:,} a file may hold")
     json_error = None
-    if text.lstrip().startswith(("{", "[")):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as e:
-            json_error = e  # flow-style YAML, or broken JSON
     try:
-        return yaml.safe_load(text)
+        if text.lstrip().startswith(("{", "[")):
+            try:
+                return _check_shape(json.loads(text, object_pairs_hook=_json_pairs(source)), source)
+            except json.JSONDecodeError as e:
+                json_error = e  # flow-style YAML, or broken JSON
+            except ValueError as e:  # a number too long to convert
+                raise RpegError(f"{source}: malformed JSON: {e}") from None
+        loader = _Loader(text)
+        loader.name = source
+        try:
+            return _check_shape(loader.get_single_data(), source)
+        finally:
+            loader.dispose()
+    except RecursionError:
+        raise RpegError(f"{source}: nested deeper than {MAX_DEPTH} levels") from None
     except yaml.YAMLError as e:
         if json_error is not None:
             at = f":{json_error.lineno}:{json_error.colno}"
@@ -178,11 +256,24 @@ def parse_yaml(text: str, source: str = "<string>") -> Any:
 
 
 def read_yaml_file(path: str) -> Any:
+    """A job, cluster, device or validation file: a regular file of at most MAX_FILE_BYTES of UTF-8."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        info = os.stat(path)  # before open(): opening a FIFO would wait for a writer
+        if not stat.S_ISREG(info.st_mode):
+            raise RpegError(f"cannot read {path}: not a regular file")
+        if info.st_size > MAX_FILE_BYTES:
+            raise RpegError(f"cannot read {path}: {info.st_size:,} bytes, more than the {MAX_FILE_BYTES:,} "
+                            "a job, cluster or validation file may hold")
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_FILE_BYTES + 1)
     except OSError as e:
         raise RpegError(f"cannot read {path}: {e.strerror}") from None
+    if len(raw) > MAX_FILE_BYTES:  # grew while we read it
+        raise RpegError(f"cannot read {path}: more than {MAX_FILE_BYTES:,} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RpegError(f"cannot read {path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
     return parse_yaml(text, path)
 
 

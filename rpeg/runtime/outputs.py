@@ -18,6 +18,16 @@ def append_jsonl(path: str, row: dict) -> None:
         fh.flush()
 
 
+def write_jsonl(path: str, rows: list[dict]) -> None:
+    """`rows` as the whole of `path`, replaced atomically (a kill leaves the old file or the new one)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(row) + "\n" for row in rows)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
 def save_atomic(folder: str, step: int, state: dict, keep: int) -> str:
     """Write to a temporary folder, fsync, rename into place, then point `latest` at it: a kill at any
     moment leaves the previous checkpoint whole and `latest` naming a complete one."""

@@ -9,8 +9,6 @@ it returns the log-probability of every sampled token under the sampling distrib
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
-
 import torch
 
 
@@ -19,15 +17,6 @@ class SamplingParams:
     max_new_tokens: int = 16
     temperature: float = 1.0
     greedy: bool = False
-
-
-class RolloutEngine(Protocol):
-    version: int
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> tuple[
-        list[list[int]], list[list[float]]]: ...
-
-    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None: ...
 
 
 class HFEngine:

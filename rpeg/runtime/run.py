@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 import torch
 
 from rpeg.errors import RpegError
-from rpeg.graph import Graph, Kind
+from rpeg.graph import Graph
 from rpeg.runtime import algos
 from rpeg.runtime.batch import Batch, build_batch
 from rpeg.runtime.config import RuntimeConfig
-from rpeg.runtime.outputs import ProgressBar, WarmupBar, append_jsonl, load_latest, save_atomic, write_outputs
+from rpeg.runtime.outputs import (ProgressBar, WarmupBar, append_jsonl, load_latest, save_atomic, write_jsonl,
+                                  write_outputs)
 from rpeg.runtime.plan_check import check_plan
 from rpeg.runtime.rollout import SamplingParams
 from rpeg.runtime.trainer import OptimConfig
@@ -145,10 +146,9 @@ def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool
     state = load_latest(ckpt_dir) if resume else None
     if resume and state is None:
         raise RpegError(f"--resume: no checkpoint under {ckpt_dir}")
-    if not resume:
-        for name in ("metrics.jsonl",):
-            if os.path.exists(os.path.join(rt.out, name)):
-                os.remove(os.path.join(rt.out, name))
+    # metrics.jsonl holds exactly the steps the run will continue from: none for a new run, the
+    # checkpoint's on resume (steps logged after the last checkpoint are run again, not kept twice)
+    write_jsonl(os.path.join(rt.out, "metrics.jsonl"), state["metrics"] if state else [])
     t0 = time.time()
     model_path, tok, warmup = _prepare_model(rt, task, rt.out, resume, progress)
     session = _Ray(rt.address)
@@ -185,7 +185,8 @@ class _Runner:
                                                           critic=self.has_critic, shared_value=self.shared_value,
                                                           threads=threads, deterministic=rt.deterministic,
                                                           seed=rt.seed, engine=rt.engine,
-                                                          engine_memory=rt.engine_memory)
+                                                          engine_memory=rt.engine_memory,
+                                                          engine_kv_cache_mib=rt.engine_kv_cache_mib)
             self.rollouts = [self.coloc]
             self.trainers = [self.coloc]
             self.ref = self.coloc
@@ -194,7 +195,8 @@ class _Runner:
             ngen, ntrain, tp = gen.layout.dp, train.layout.devices, train.layout.tp
             threads = rt.threads or max(1, cores // (ngen + ntrain))
             self.rollouts = [remote(W.RolloutWorker).remote(model_path, threads, rt.deterministic, rt.engine,
-                                                            rt.seed + j, rt.engine_memory) for j in range(ngen)]
+                                                            rt.seed + j, rt.engine_memory, rt.engine_kv_cache_mib)
+                         for j in range(ngen)]
             port = 29500 + random.Random(os.getpid()).randrange(2000)
             self.trainers = [remote(W.TrainerWorker).remote(model_path, cfg, optim, lm=True, value=self.shared_value,
                                                             rank=r, world=ntrain, master=f"127.0.0.1:{port}", tp=tp,
@@ -301,7 +303,7 @@ class _Runner:
 
     # ---- the loop ------------------------------------------------------------------------------------
     def loop(self, state: dict | None, progress: bool, about: dict) -> RunResult:
-        rt, job = self.rt, self.job
+        rt = self.rt
         start, metrics, pending = 0, [], {}
         if state is not None:
             start, metrics = state["step"], state["metrics"]
@@ -444,7 +446,10 @@ class _Runner:
         state = {"step": step, "metrics": metrics, "inflight": inflight, "accuracy_before": acc_before,
                  "actor": self._collective(self.trainers, "checkpoint_state"),
                  "critic": self._critic_state(),
-                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
+                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+                 # the measured timeline so far, on the run's own clock: a resumed run's timeline
+                 # continues it (with the gap while it was down) instead of starting over
+                 "timeline": {"t0": self.t0, "records": [r for r in self.records if r.step < step]}}
         save_atomic(os.path.join(self.rt.out, "checkpoints"), step, state, self.rt.keep_checkpoints)
 
     def _collective(self, workers, method: str):
@@ -460,6 +465,8 @@ class _Runner:
         return self._collective(self.critics, "checkpoint_state")
 
     def _restore(self, state: dict) -> None:
+        if "timeline" in state:
+            self.t0, self.records = state["timeline"]["t0"], list(state["timeline"]["records"])
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         self.ray.get([w.restore.remote(state["actor"]) for w in self.trainers])
@@ -492,4 +499,4 @@ def _split(n: int, parts: int) -> list[torch.Tensor]:
     return [c for c in torch.tensor_split(torch.arange(n), parts)]
 
 
-__all__ = ["RunResult", "run", "Kind"]
+__all__ = ["RunResult", "run"]

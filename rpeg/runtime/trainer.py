@@ -8,7 +8,6 @@ decoder layer and the root) over its `dp` dimension.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -226,8 +225,4 @@ def _accumulate(metrics: dict[str, float], new: dict, share: float) -> None:
         metrics[k] = metrics.get(k, 0.0) + float(v) * share
 
 
-def world() -> tuple[int, int]:
-    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-
-
-__all__ = ["OptimConfig", "Trainer", "ValueHead", "world", "math"]
+__all__ = ["OptimConfig", "Trainer", "ValueHead"]

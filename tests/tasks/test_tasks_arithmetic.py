@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-import time
+import sys
 
 import pytest
 
@@ -83,7 +83,12 @@ def test_first_integer_exact_match(response, given, reward):
     assert task.reward(P, response) == reward
 
 
-def test_a_huge_integer_is_wrong_and_fast():
-    start = time.perf_counter()
-    assert Arithmetic().reward(P, "9" * 200_000) == 0.0
-    assert time.perf_counter() - start < 0.5
+def test_a_huge_integer_is_wrong_and_never_converted():
+    # Python refuses int() of a string over its digit limit (quadratic work): with the limit set, a
+    # scorer that converted the response would raise here instead of comparing strings
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(4300)
+    try:
+        assert Arithmetic().reward(P, "9" * 200_000) == 0.0
+    finally:
+        sys.set_int_max_str_digits(limit)

@@ -1,0 +1,85 @@
+"""Numbers out of range are refused in one line naming the field and its range; NaN and infinity
+never pass; valid extreme values are accepted."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rpeg.cli import main
+from rpeg.errors import RpegError
+from rpeg.graph import Job, LengthDistribution
+from rpeg.graph.bounds import MAX_POINTS, MAX_PROMPTS, MAX_TOKENS, problem
+from rpeg.graph.config import AlgoConfig
+
+
+def test_problem_messages():
+    assert problem("x", 3, positive=True, maximum=5) is None
+    assert problem("x", 0, positive=True) == "x = 0 must be positive"
+    assert problem("x", -1.5, minimum=0) == "x = -1.5 must be >= 0"
+    assert problem("x", 10**12, maximum=10) == "x = 1,000,000,000,000 exceeds 10"
+    assert problem("x", 1e308, maximum=10) == "x = 1e+308 exceeds 10"
+    assert problem("x", math.nan, minimum=0) == "x = nan must be a finite number"
+    assert problem("x", "3") == "x = '3' must be a number"
+    assert problem("x", True) == "x = True must be a number"
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("prompts", MAX_PROMPTS + 1, "prompts = 10,000,001 exceeds 10,000,000"),
+    ("prompt_len", MAX_TOKENS + 1, "prompt_len = 16,777,217 exceeds"),
+    ("samples_per_prompt", 0, "samples_per_prompt = 0 must be positive"),
+])
+def test_job_bounds(field, value, needle):
+    with pytest.raises(RpegError, match=needle):
+        Job(**{field: value})
+
+
+def test_valid_extremes_are_accepted():
+    job = Job(prompts=MAX_PROMPTS, samples_per_prompt=2, prompt_len=MAX_TOKENS,
+              response=LengthDistribution(kind="lognormal", mean=MAX_TOKENS / 2, max=MAX_TOKENS))
+    assert job.sequences == 2 * MAX_PROMPTS
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"kind": "fixed", "mean": math.nan}, "mean = nan must be a finite number"),
+    ({"kind": "fixed", "mean": math.inf}, "mean = inf must be a finite number"),
+    ({"kind": "lognormal", "mean": 10, "max": 100, "sigma": math.nan}, "sigma = nan"),
+    ({"kind": "empirical", "points": tuple(range(1, MAX_POINTS + 2))}, "more than 100,000"),
+    ({"kind": "empirical", "points": (5, MAX_TOKENS + 1)}, "point = 16,777,217 exceeds"),
+])
+def test_length_bounds(kw, needle):
+    with pytest.raises(RpegError, match=needle):
+        LengthDistribution(**kw)
+
+
+@pytest.mark.parametrize("field", ["kl_coef", "clip_low", "clip_high", "entropy_coef", "value_clip", "oversample"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_config_refuses_non_finite(field, value):
+    with pytest.raises(RpegError, match=f"{field} = -?(nan|inf) must be a finite number"):
+        AlgoConfig(adv_estimator="grpo", **{field: value})
+
+
+def test_config_refuses_a_negative_value_clip():
+    with pytest.raises(RpegError, match="value_clip = -1 must be >= 0"):
+        AlgoConfig(adv_estimator="gae", value_clip=-1)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["show", "grpo", "--model", "qwen3-8B", "--response-len", "nan"], "--response-len: nan must be a finite"),
+    (["show", "grpo", "--model", "qwen3-8B", "--response-len", "1e308"], "must be in [1, 16,777,216]"),
+    (["show", "grpo", "--model", "qwen3-8B", "--kl-coef", "inf"], "--kl-coef: inf must be a finite number"),
+    (["show", "grpo", "--model", "qwen3-8B", "--response-max", "5"], "--response-max 5 is below --response-len"),
+    (["show", "grpo", "--model", "qwen3-8B", "--async", "1000"], "--async 1000 exceeds 64"),
+    (["analyze", "grpo", "--model", "qwen3-8B", "--steps", "0"], "--steps: 0 must be in [1, 10,000]"),
+    (["analyze", "grpo", "--model", "qwen3-8B", "--steps", "1000000"], "must be in [1, 10,000]"),
+    (["predict", "grpo", "--model", "qwen3-8B", "--gpus", "0"], "--gpus: 0 must be in [1, 1,000,000]"),
+    (["predict", "grpo", "--model", "qwen3-8B", "--prompts", "1000000000000"], "prompts = 1,000,000,000,000 exceeds"),
+    (["plan", "grpo", "--model", "qwen3-8B", "--gpus", "0"], "--gpus: 0 must be in"),
+    (["plan", "grpo", "--model", "qwen3-8B", "--max-staleness", "1000000"], "--max-staleness must be <= 64"),
+    (["predict", "grpo", "--model", "qwen3-8B", "--cluster", "/dev/zero"], "not a regular file"),
+])
+def test_cli_numbers_are_one_line_and_exit_2(capsys, argv, needle):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and "Traceback" not in err
