@@ -26,7 +26,7 @@ import sys
 from collections.abc import Sequence
 
 from rpeg.cli_args import MAX_STALENESS, MAX_STEPS, count, real
-from rpeg.errors import RpegError
+from rpeg.errors import DoesNotFit, RpegError
 from rpeg.graph.bounds import MAX_COEF, MAX_TOKENS
 from rpeg.report import params, si, table
 
@@ -274,6 +274,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return args.fn(args)
+    except DoesNotFit as e:  # a valid job, too large for the devices: the exit code of a plan that does not fit
+        print(f"rpeg: error: {e}", file=sys.stderr)
+        return 3
     except RpegError as e:
         print(f"rpeg: error: {e}", file=sys.stderr)
         return 2

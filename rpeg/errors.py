@@ -1,5 +1,10 @@
-"""The one exception type users see. The CLI prints it as a single line and exits with 2."""
+"""The exceptions users see. The CLI prints each as a single line: exit 2 for a problem with the
+input, exit 3 for a valid job that does not fit the devices asked for."""
 
 
 class RpegError(Exception):
     """A problem with the user's input or request, phrased so the user can fix it."""
+
+
+class DoesNotFit(RpegError):
+    """A valid job that fits in no layout on the devices given (more GPUs or a larger device would help)."""

@@ -21,6 +21,7 @@ from typing import Any
 
 from rpeg.algorithms import Models, build_graph
 from rpeg.errors import RpegError
+from rpeg.graph.bounds import problem
 from rpeg.graph import Job, LengthDistribution, ModelSpec, ParallelLayout, get_model
 from rpeg.graph.serde import from_data, read_yaml_file
 from rpeg.hardware import load_cluster
@@ -86,11 +87,26 @@ def _check_keys(entry: dict, allowed: set[str], where: str) -> None:
 def _need(entry: dict, key: str, where: str, kind=int) -> Any:
     if key not in entry:
         raise RpegError(f"{where}: missing {key!r}")
+    return _value(entry, key, where, kind)
+
+
+def _get(entry: dict, key: str, where: str, default: Any, kind=int) -> Any:
+    return _value(entry, key, where, kind) if key in entry else default
+
+
+def _value(entry: dict, key: str, where: str, kind) -> Any:
+    """entry[key] of the right type; counts and measurements must be positive (and finite)."""
     value = entry[key]
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
         raise RpegError(f"{where}.{key}: expected an integer, got {value!r}")
     if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
         raise RpegError(f"{where}.{key}: expected a number, got {value!r}")
+    if kind is str and not isinstance(value, str):
+        raise RpegError(f"{where}.{key}: expected a name, got {value!r}")
+    if kind in (int, float):
+        bad = problem(key, value, positive=True)
+        if bad:
+            raise RpegError(f"{where}.{key}: {bad}")
     return value
 
 
@@ -98,14 +114,14 @@ def predict_training(entry: dict, models: dict[str, ModelSpec], where: str) -> R
     _check_keys(entry, TRAIN_KEYS, where)
     spec = _model(_need(entry, "model", where, str), models)
     tp, pp, dp = (_need(entry, k, where) for k in ("tp", "pp", "dp"))
-    cp, ep = entry.get("cp", 1), entry.get("ep", 1)
+    cp, ep = _get(entry, "cp", where, 1), _get(entry, "ep", where, 1)
     gpus = _need(entry, "gpus", where)
     if tp * pp * dp * cp != gpus:
         raise RpegError(f"{where}: tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} = {tp * pp * dp * cp} != gpus = {gpus}")
     recompute = entry.get("recompute", "none")
     layout = ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, recompute=recompute,
                             sequence_parallel=entry.get("sequence_parallel", recompute == "selective" and tp > 1),
-                            pp_interleave=entry.get("pp_interleave", 1), pp_uneven=bool(spec.layers % pp))
+                            pp_interleave=_get(entry, "pp_interleave", where, 1), pp_uneven=bool(spec.layers % pp))
     cluster = load_cluster(_need(entry, "system", where, str), gpus)
     seq = _need(entry, "seq", where)
     work = PassWorkload(sequences=_need(entry, "global_batch", where), seq_len=seq, attention_context=(seq + 1) / 2,
@@ -121,20 +137,29 @@ def rl_graph(entry: dict, models: dict[str, ModelSpec], where: str):
     gpus = _need(entry, "gpus", where)
     prompts, samples = _need(entry, "prompts", where), _need(entry, "samples_per_prompt", where)
     sequences = prompts * samples
-    tgb = entry.get("train_global_batch", sequences)
+    tgb = _get(entry, "train_global_batch", where, sequences)
     if sequences % tgb:
         raise RpegError(f"{where}: train_global_batch {tgb} does not divide the {sequences} sequences per step")
     max_len, mean_len = _need(entry, "max_seq_len", where), _need(entry, "mean_seq_len", where, float)
-    prompt = entry.get("prompt_len", min(PROMPT_TOKENS.value, mean_len / 4))
+    if mean_len > max_len:
+        raise RpegError(f"{where}: mean_seq_len = {mean_len:g} exceeds max_seq_len = {max_len}")
+    prompt = _get(entry, "prompt_len", where, min(PROMPT_TOKENS.value, mean_len / 4), float)
+    if prompt >= mean_len:
+        raise RpegError(f"{where}: prompt_len = {prompt:g} leaves no response in mean_seq_len = {mean_len:g}")
     response = LengthDistribution(kind="lognormal", mean=mean_len - prompt, max=int(max_len - prompt),
                                   sigma=RESPONSE_SIGMA.value)
     job = Job(prompts=prompts, samples_per_prompt=samples, prompt_len=int(prompt), response=response,
               ppo_epochs=1, mini_batches=sequences // tgb)
     g = build_graph(entry.get("algorithm", "grpo"), job, Models(actor=spec), kl_coef=NEMO_RL_KL.value)
     k = entry.get("async_bound", 0)
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 64:
+        raise RpegError(f"{where}.async_bound: expected an integer in [0, 64], got {k!r}")
     g = bound_asynchrony(g, k)
     colocated = entry.get("colocated", k == 0)
     gen, train = entry.get("generation") or {}, entry.get("training") or {}
+    for name, part in (("generation", gen), ("training", train)):
+        if not isinstance(part, dict):
+            raise RpegError(f"{where}.{name}: expected a mapping (tp, pp, ...), got {part!r}")
     if colocated:
         groups, gen_gpus, train_gpus = {"all": gpus}, gpus, gpus
         assign = {s.name: "all" for s in g.stages if s.group is None and s.kind.value != "sync"}
@@ -147,11 +172,11 @@ def rl_graph(entry: dict, models: dict[str, ModelSpec], where: str):
         assign = {s.name: ("generation" if s.kind.value == "generate" else "training")
                   for s in g.stages if s.kind.value != "sync"}
     g = place(g, groups, assign)
-    gtp, gpp, gep = gen.get("tp", 1), gen.get("pp", 1), gen.get("ep", 1)
+    gtp, gpp, gep = (_get(gen, k, f"{where}.generation", 1) for k in ("tp", "pp", "ep"))
     if gen_gpus % (gtp * gpp):
         raise RpegError(f"{where}: generation tp*pp = {gtp}*{gpp} does not divide its {gen_gpus} devices")
     g = parallelize(g, "generate", dp=gen_gpus // (gtp * gpp), tp=gtp, pp=gpp, ep=gep, pp_uneven=bool(spec.layers % gpp))
-    ttp, tpp, tcp, tep = train.get("tp", 1), train.get("pp", 1), train.get("cp", 1), train.get("ep", 1)
+    ttp, tpp, tcp, tep = (_get(train, k, f"{where}.training", 1) for k in ("tp", "pp", "cp", "ep"))
     if train_gpus % (ttp * tpp * tcp):
         raise RpegError(f"{where}: training tp*pp*cp = {ttp}*{tpp}*{tcp} does not divide its {train_gpus} devices")
     tdp = train_gpus // (ttp * tpp * tcp)
@@ -168,9 +193,9 @@ def predict_rl(entry: dict, models: dict[str, ModelSpec], where: str) -> Result:
     g, cluster = rl_graph(entry, models, where)
     pred = predict_step(g, cluster)
     measured = entry.get("measured") or {}
-    step = measured.get("step_s")
-    if not isinstance(step, (int, float)):
+    if not isinstance(measured, dict) or "step_s" not in measured:
         raise RpegError(f"{where}.measured.step_s: expected a number")
+    step = _value(measured, "step_s", f"{where}.measured", float)
     parts = tuple((name, c.seconds) for name, c in pred.stages.items() if c.seconds > 0)
     note = "" if pred.fits else "OOM: " + ", ".join(c.stage for c in pred.oom)
     return Result(entry["id"], "rl", pred.step_s, float(step), parts, note)

@@ -42,7 +42,8 @@ def test_predict_errors(capsys):
     code, _, err = run(capsys, "predict", "grpo", "--model", "qwen3-8B", "--cluster", "nope")
     assert code == 2 and "nope" in err
     code, _, err = run(capsys, "predict", "grpo", "--model", "llama-3.1-405B", "--gpus", "1")
-    assert code == 2 and "no layout of llama-3.1-405B fits 1 x h100-sxm" in err
+    # a valid job that fits no layout: exit 3, as for a plan that does not fit (README), not 2 (bad input)
+    assert code == 3 and "no layout of llama-3.1-405B fits 1 x h100-sxm" in err
 
 
 def test_hardware_lists_presets(capsys):

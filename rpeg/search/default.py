@@ -7,7 +7,7 @@ This is what `rpeg predict` uses when a job file places nothing; the planner sea
 
 from __future__ import annotations
 
-from rpeg.errors import RpegError
+from rpeg.errors import DoesNotFit
 from rpeg.graph import Graph, Kind, Stage
 from rpeg.graph.layout import ParallelLayout
 from rpeg.hardware.topology import Cluster
@@ -51,7 +51,7 @@ def default_plan(graph: Graph, cluster: Cluster, gpus: int) -> Graph:
             if chosen:
                 break
         if chosen is None:
-            raise RpegError(f"no layout of {spec.name} fits {gpus} x {cluster.device.name} for stage {s.name!r}: "
+            raise DoesNotFit(f"no layout of {spec.name} fits {gpus} x {cluster.device.name} for stage {s.name!r}: "
                             "use more GPUs or a larger device")
         g = parallelize(g, s.name, dp=chosen.dp, tp=chosen.tp, pp=chosen.pp, zero=chosen.zero,
                         recompute=chosen.recompute, sequence_parallel=chosen.sequence_parallel)

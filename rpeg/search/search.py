@@ -15,7 +15,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from rpeg.errors import RpegError
+from rpeg.errors import DoesNotFit, RpegError
 from rpeg.graph import Graph, Kind, verify
 from rpeg.hardware.topology import Cluster
 from rpeg.passes.base import call_text
@@ -194,7 +194,7 @@ def search(graph: Graph, cluster: Cluster, gpus: int, *, objective: str = "time"
     return result
 
 
-class NoFeasiblePlan(RpegError):
+class NoFeasiblePlan(DoesNotFit):
     def __init__(self, graph: Graph, cluster: Cluster, gpus: int):
         self.graph, self.cluster, self.gpus = graph, cluster, gpus
         big = max((graph.model(s.model).spec for s in graph.stages if s.model), key=lambda m: m.params_total())

@@ -1,0 +1,31 @@
+"""Validation files: zero, negative, NaN and wrongly typed fields are refused with the entry and
+the field named (they used to divide by zero or raise TypeError deep in the model)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rpeg.cli import main
+from tests.test_validation import SCHEMA
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (("micro_batch: 2,", "micro_batch: 0,"), "(t-a100).micro_batch: micro_batch = 0 must be positive"),
+    (("measured_iteration_s: 1.0}", "measured_iteration_s: -1.0}"), "measured_iteration_s = -1 must be positive"),
+    (("measured_iteration_s: 1.0}", "measured_iteration_s: .nan}"), "must be a finite number"),
+    (("train_global_batch: 32,", "train_global_batch: 0,"), "(r-gb200).train_global_batch: train_global_batch = 0"),
+    (("generation: {tp: 2, pp: 1, ep: 2}", "generation: {tp: 0, pp: 1, ep: 2}"), "(r-gb200).generation.tp"),
+    (("generation: {tp: 2, pp: 1, ep: 2}", "generation: [2]"), "(r-gb200).generation: expected a mapping"),
+    (("training: {tp: 2, cp: 2,", "training: {tp: two, cp: 2,"), "(r-alps).training.tp: expected an integer"),
+    (("measured: {step_s: 10,", "measured: {step_s: 0,"), "(r-gb200).measured.step_s: step_s = 0 must be positive"),
+    (("mean_seq_len: 900,", "mean_seq_len: 9000,"), "mean_seq_len = 9000 exceeds max_seq_len = 2048"),
+    (("async_bound: 1,", "async_bound: -1,"), "(r-alps).async_bound: expected an integer in [0, 64]"),
+    (("prompts: 8,", "prompts: 8.5,"), "(r-gb200).prompts: expected an integer, got 8.5"),
+])
+def test_bad_fields_are_one_line_naming_entry_and_field(tmp_path, capsys, edit, needle):
+    assert edit[0] in SCHEMA
+    f = tmp_path / "bad.yaml"
+    f.write_text(SCHEMA.replace(*edit, 1))
+    assert main(["validate", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and "Traceback" not in err, err
