@@ -73,8 +73,8 @@ def spec_from_data(data: Any, source: str = "job") -> JobSpec:
         reference=model_from(data["reference"], f"{source}: reference") if data.get("reference") else None,
         reward=None if reward in (None, "rule") else model_from(reward, f"{source}: reward"),
     )
-    job = from_data(Job, data.get("job") or {}, "job")
-    config = data.get("config") or {}
+    job = from_data(Job, {} if data.get("job") is None else data["job"], "job")
+    config = {} if data.get("config") is None else data["config"]
     if not isinstance(config, dict):
         raise RpegError(f"{source}: config must be a mapping of algorithm options")
     gpus = data.get("gpus")

@@ -11,6 +11,11 @@ from rpeg.errors import RpegError
 from rpeg.graph.bounds import MAX_COEF, problem
 
 
+# The advantage estimators the runtime registers (rpeg/runtime/advantages.py ADVANTAGES; a test keeps
+# the two in step). Named here so a planner without torch refuses an unknown one.
+ADV_ESTIMATORS = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AlgoConfig:
     """adv_estimator: registered advantage estimator (gae, grpo, rloo, reinforce_pp, ...).
@@ -43,6 +48,8 @@ class AlgoConfig:
         problems += [p for p in [problem("oversample", self.oversample, minimum=0)] if p]
         if problems:  # NaN, inf, negative or absurd: each named once, before the rules below compare them
             raise RpegError("algorithm config: " + "; ".join(problems))
+        if self.adv_estimator not in ADV_ESTIMATORS:
+            problems.append(f"adv_estimator = {self.adv_estimator!r} is not one of {', '.join(ADV_ESTIMATORS)}")
         if self.clip_low < 0 or self.clip_high < 0:
             problems.append(f"clip_low = {self.clip_low} and clip_high = {self.clip_high} must be >= 0")
         if self.kl_coef < 0:

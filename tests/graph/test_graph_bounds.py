@@ -83,3 +83,31 @@ def test_cli_numbers_are_one_line_and_exit_2(capsys, argv, needle):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+MODEL = "{name: m, layers: 4, hidden: 64, heads: 4, kv_heads: 4, ffn: 128, vocab: 100}"
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("algorithm: grpo\nmodel: qwen3-8B\njob: []\n", "job: expected a mapping for Job, got []"),
+    ("algorithm: grpo\nmodel: qwen3-8B\nconfig: []\n", "config must be a mapping"),
+    ("algorithm: ppo\nmodel: qwen3-8B\nconfig: {adv_estimator: bogus}\n", "adv_estimator = 'bogus' is not one of"),
+    ("algorithm: ppo\nmodel: qwen3-8B\nconfig: {value_clip: -1}\n", "value_clip = -1 must be >= 0"),
+    (f"algorithm: grpo\nmodel: {MODEL.replace('layers: 4', 'layers: 1000000000')}\n",
+     "layers = 1,000,000,000 exceeds 2,048"),
+    (f"algorithm: grpo\nmodel: {MODEL.replace('ffn: 128', 'ffn: 128, head_dim: -128')}\n", "head_dim = -128 must be >= 0"),
+])
+def test_job_file_values_are_refused(tmp_path, capsys, body, needle):
+    path = tmp_path / "job.yaml"
+    path.write_text(body)
+    assert main(["show", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1, err
+
+
+def test_the_config_estimators_are_the_runtimes():
+    pytest.importorskip("torch")
+    from rpeg.graph.config import ADV_ESTIMATORS
+    from rpeg.runtime.advantages import ADVANTAGES
+
+    assert sorted(ADV_ESTIMATORS) == sorted(ADVANTAGES)
