@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 from rpeg.cli_args import MAX_STALENESS, MAX_STEPS, count, real
 from rpeg.errors import DoesNotFit, RpegError
+from rpeg.outfolder import OutputFolder
 from rpeg.graph.bounds import MAX_COEF, MAX_TOKENS
 from rpeg.report import params, si, table
 
@@ -122,6 +123,7 @@ def _header(graph, spec) -> str:
 def cmd_show(args: argparse.Namespace) -> int:
     from rpeg.graph.draw import draw_png, human_bytes, to_dot
 
+    out = OutputFolder(args.out)
     spec = _spec(args)
     g = spec.graph()
     print(_header(g, spec))
@@ -149,12 +151,12 @@ def cmd_show(args: argparse.Namespace) -> int:
                  for e in g.weight_edges()]))
     print(f"\ndata moved between stages: {human_bytes(g.bytes_per_step())} per step "
           f"over {len(g.data_edges())} edges")
-    os.makedirs(args.out, exist_ok=True)
-    base = os.path.join(args.out, g.algorithm)
-    with open(base + ".dot", "w", encoding="utf-8") as fh:
-        fh.write(to_dot(g))
-    draw_png(g, base + ".png")
-    print(f"wrote {base}.dot and {base}.png")
+    with out:
+        with open(out.file(g.algorithm + ".dot"), "w", encoding="utf-8") as fh:
+            fh.write(to_dot(g))
+        draw_png(g, out.file(g.algorithm + ".png"))
+        dot, png = out.commit()
+    print(f"wrote {dot} and {png}")
     return 0
 
 

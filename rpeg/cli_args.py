@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import math
 
-MAX_GPUS = 1_000_000  # above the largest clusters built (~10^5 GPUs)
 MAX_STEPS = 10_000  # steps unrolled or simulated: the steady state shows within a few (k + 2)
 MAX_STALENESS = 64  # async bound: published systems use 1-8; the planner tries every k up to it
 

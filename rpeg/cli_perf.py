@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from rpeg.cli_args import MAX_GPUS, count
+from rpeg.cli_args import count
+from rpeg.graph.bounds import MAX_GPUS
 from rpeg.report import table
 
 

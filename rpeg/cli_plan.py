@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
-from rpeg.cli_args import MAX_GPUS, MAX_STALENESS, MAX_STEPS, count
+from rpeg.cli_args import MAX_STALENESS, MAX_STEPS, count
 from rpeg.errors import RpegError
+from rpeg.graph.bounds import MAX_GPUS
+from rpeg.outfolder import OutputFolder
 from rpeg.report import table
 
 
@@ -43,6 +44,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from rpeg.sim import simulate
     from rpeg.sim.export import write_gantt, write_trace
 
+    out = OutputFolder(args.out)  # a bad --out is refused before the search, not after it
     spec = _spec(args)
     if args.max_staleness < 0:
         raise RpegError(f"--max-staleness must be >= 0, got {args.max_staleness}")
@@ -69,7 +71,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 3
     best = result.best
     rows, timelines = [], {}
-    os.makedirs(args.out, exist_ok=True)
     tl = simulate(best.graph, cluster, args.steps)
     timelines["rpeg"] = tl
     rows.append(("rpeg", best, tl))
@@ -82,11 +83,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         cand = Candidate(name=bname, graph=g, prediction=pred, gpus=gpus)
         btl = simulate(g, cluster, args.steps) if pred.fits else None
         rows.append((bname, cand if pred.fits else None, btl))
-    files = [write_trace(tl, os.path.join(args.out, "plan-trace.json"), "rpeg plan"),
-             write_gantt(tl, os.path.join(args.out, "plan-gantt.png"), f"rpeg: {best.name}")]
-    for bname, cand, btl in rows[1:]:
-        if btl is not None and bname in ("verl", "real"):
-            files.append(write_gantt(btl, os.path.join(args.out, f"{bname}-gantt.png"), bname))
+    with out:
+        write_trace(tl, out.file("plan-trace.json"), "rpeg plan")
+        write_gantt(tl, out.file("plan-gantt.png"), f"rpeg: {best.name}")
+        for bname, cand, btl in rows[1:]:
+            if btl is not None and bname in ("verl", "real"):
+                write_gantt(btl, out.file(f"{bname}-gantt.png"), bname)
+        files = out.commit()
     ref = best.step_s
     # speedup: how much slower each plan is than RPEG's
     table_rows = [_row(n, c, t, cluster, ref) if c else {"plan": n, "step_s": None} for n, c, t in rows]

@@ -8,3 +8,9 @@ class RpegError(Exception):
 
 class DoesNotFit(RpegError):
     """A valid job that fits in no layout on the devices given (more GPUs or a larger device would help)."""
+
+
+class PassRefused(RpegError):
+    """A pass declined the graph it was given (an illegal combination, a layout that does not divide).
+    For a user it is an error like any other; the plan search expects it and skips that candidate,
+    and only it: any other exception from a pass is a bug and propagates."""

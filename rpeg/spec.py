@@ -24,6 +24,7 @@ from typing import Any
 from rpeg.algorithms import Models, build_graph, get_algorithm
 from rpeg.errors import RpegError
 from rpeg.graph import Graph, Job, ModelSpec, get_model
+from rpeg.graph.bounds import MAX_GPUS, show
 from rpeg.graph.serde import from_data, read_yaml_file
 from rpeg.passes import PassPipeline
 
@@ -80,6 +81,8 @@ def spec_from_data(data: Any, source: str = "job") -> JobSpec:
     gpus = data.get("gpus")
     if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
         raise RpegError(f"{source}: gpus must be a positive whole number, got {gpus!r}")
+    if gpus is not None and gpus > MAX_GPUS:
+        raise RpegError(f"{source}: gpus = {show(gpus)} exceeds {MAX_GPUS:,} (above the largest clusters built)")
     cluster = data.get("cluster")
     if cluster is not None and not isinstance(cluster, str):
         raise RpegError(f"{source}: cluster must be a preset name or a file path, got {cluster!r}")

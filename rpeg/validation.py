@@ -62,6 +62,8 @@ class Result:
 
 def _models(data: Any, source: str) -> dict[str, ModelSpec]:
     models = {}
+    if data is not None and not isinstance(data, dict):
+        raise RpegError(f"{source}: models: expected a mapping of model names to dimensions")
     for name, dims in (data or {}).items():
         if not isinstance(dims, dict):
             raise RpegError(f"{source}: models.{name}: expected a mapping of dimensions")
@@ -209,6 +211,9 @@ def validate_file(path: str, progress=None) -> list[Result]:
     if unknown:
         raise RpegError(f"{path}: unknown top-level key {unknown[0]!r} (models, training, rl)")
     models = _models(data.get("models"), path)
+    for kind in ("training", "rl"):
+        if data.get(kind) is not None and not isinstance(data[kind], list):
+            raise RpegError(f"{path}: {kind}: expected a list of entries")
     results = []
     entries = [("training", i, e) for i, e in enumerate(data.get("training") or [])] + [
         ("rl", i, e) for i, e in enumerate(data.get("rl") or [])]

@@ -15,6 +15,7 @@ MAX_SAMPLES = 65_536  # samples per prompt
 MAX_TOKENS = 16_777_216  # tokens per prompt or response: 16 Mi, above the longest contexts shipped (10 Mi)
 MAX_EPOCHS = 10_000  # PPO epochs per step
 MAX_POINTS = 100_000  # empirical response-length points: the distribution is summarised, not replayed
+MAX_GPUS = 1_000_000  # devices a job uses: above the largest clusters built (~10^5 GPUs)
 MAX_COEF = 1e6  # loss and KL coefficients, clip ranges, oversampling
 
 
@@ -30,9 +31,19 @@ def problem(name: str, value, *, positive: bool = False, minimum: float | None =
     if minimum is not None and value < minimum:
         return f"{name} = {value:g} must be >= {minimum:g}"
     if maximum is not None and value > maximum:
-        shown = f"{value:,}" if isinstance(value, int) and value < 10**18 else f"{value:.3g}"
-        return f"{name} = {shown} exceeds {maximum:,}" + (f" ({why})" if why else "")
+        return f"{name} = {show(value)} exceeds {maximum:,}" + (f" ({why})" if why else "")
     return None
+
+
+def show(value: int | float) -> str:
+    """A number for a message: grouped digits, or scientific notation when huge (an int past a
+    float's range, 10**400, is shown from its digits: float() of it would overflow)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) < 10**18:
+            return f"{value:,}"
+        digits = str(abs(value))
+        return f"{'-' if value < 0 else ''}{digits[0]}.{digits[1:3]}e+{len(digits) - 1}"
+    return f"{value:.3g}"
 
 
 def problems(checks: list[str | None]) -> list[str]:

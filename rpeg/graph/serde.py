@@ -108,7 +108,10 @@ def from_data(tp: Any, data: Any, where: str = "") -> Any:
     if tp is float:
         if isinstance(data, bool) or not isinstance(data, (int, float)):
             raise RpegError(f"{here}: expected a number, got {_show(data)}")
-        return float(data)
+        try:
+            return float(data)
+        except OverflowError:
+            raise RpegError(f"{here}: {_show(data)} is too large for a number") from None
     if tp is str:
         if not isinstance(data, str):
             raise RpegError(f"{here}: expected a string, got {_show(data)}")
@@ -245,6 +248,8 @@ def parse_yaml(text: str, source: str = "<string>") -> Any:
             loader.dispose()
     except RecursionError:
         raise RpegError(f"{source}: nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as e:  # PyYAML's int() of a number past Python's 4,300-digit limit
+        raise RpegError(f"{source}: malformed YAML: {str(e).splitlines()[0][:120]}") from None
     except yaml.YAMLError as e:
         if json_error is not None:
             at = f":{json_error.lineno}:{json_error.colno}"

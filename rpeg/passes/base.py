@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rpeg.errors import RpegError
+from rpeg.errors import PassRefused
 from rpeg.graph import Graph, verify
 
 
@@ -16,5 +16,5 @@ def finish(before: Graph, after: Graph, call: str) -> Graph:
     return verify(after.replace(history=before.history + (call,)), f"after {call}")
 
 
-def refuse(call: str, why: str) -> RpegError:
-    return RpegError(f"{call} refused: {why}")
+def refuse(call: str, why: str) -> PassRefused:
+    return PassRefused(f"{call} refused: {why}")

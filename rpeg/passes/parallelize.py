@@ -21,11 +21,18 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                      recompute=recompute)
     if stage not in graph.stage_names:
         raise refuse(call, f"no stage {stage!r} (stages: {', '.join(graph.stage_names)})")
+    degrees = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, pp_interleave=pp_interleave)
+    wrong = [f"{k} = {v!r}" for k, v in degrees.items() if isinstance(v, bool) or not isinstance(v, int)]
+    wrong += [f"{k} = {v!r}" for k, v in (("sequence_parallel", sequence_parallel), ("pp_uneven", pp_uneven))
+              if not isinstance(v, bool)]
+    if not isinstance(recompute, str):
+        wrong.append(f"recompute = {recompute!r}")
+    if wrong:
+        raise refuse(call, "expected whole numbers, true/false and a recompute name: " + ", ".join(wrong))
     try:
-        layout = ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, recompute=recompute,
-                                sequence_parallel=sequence_parallel, pp_interleave=pp_interleave,
+        layout = ParallelLayout(**degrees, recompute=recompute, sequence_parallel=sequence_parallel,
                                 pp_uneven=pp_uneven)
-    except (RpegError, TypeError) as e:
+    except RpegError as e:
         raise refuse(call, str(e)) from None
     new = graph.stage(stage).replace(layout=layout)
     problems = layout_problems(graph, new)

@@ -18,20 +18,31 @@ from rpeg.passes.base import call_text, finish, refuse
 def place(graph: Graph, groups: Mapping[str, tuple[int, int] | int], assign: Mapping[str, str] | None = None,
           default: str | None = None) -> Graph:
     """groups: name -> (first device, count), or a count (groups of counts are laid end to end)."""
+    call = f"place(groups={groups!r:.80}, assign={assign!r:.80}, default={default!r})"
+    if not isinstance(groups, Mapping) or not groups:
+        raise refuse(call, "groups must be a non-empty mapping of group name -> device count or [first, count]")
+    if assign is not None and not (isinstance(assign, Mapping)
+                                   and all(isinstance(k, str) and isinstance(v, str) for k, v in assign.items())):
+        raise refuse(call, "assign must be a mapping of stage name -> group name")
+    if default is not None and not isinstance(default, str):
+        raise refuse(call, f"default must be a group name, got {default!r}")
     assign = dict(assign or {})
     call = call_text("place", groups=dict(groups), assign=assign or None, default=default)
     built, nxt = [], 0
-    try:
-        for name, spec in groups.items():
-            if isinstance(spec, int):
-                built.append(DeviceGroup(name=name, first=nxt, count=spec))
-                nxt += spec
-            else:
-                first, count = spec
-                built.append(DeviceGroup(name=name, first=first, count=count))
-                nxt = max(nxt, first + count)
-    except (RpegError, TypeError, ValueError) as e:
-        raise refuse(call, f"bad device group: {e}") from None
+    for name, spec in groups.items():
+        if _count(spec):
+            first, count = nxt, spec
+        elif isinstance(spec, (list, tuple)) and len(spec) == 2 and _whole(spec[0]) and spec[0] >= 0 \
+                and _count(spec[1]):
+            first, count = spec
+        else:
+            raise refuse(call, f"bad device group {name!r}: expected a count or [first, count] of whole numbers, "
+                               f"got {spec!r}")
+        try:
+            built.append(DeviceGroup(name=str(name), first=first, count=count))
+        except RpegError as e:
+            raise refuse(call, f"bad device group: {e}") from None
+        nxt = max(nxt, first + count)
     names = {g.name for g in built}
     unknown = [s for s in assign if s not in graph.stage_names]
     if unknown:
@@ -51,3 +62,11 @@ def place(graph: Graph, groups: Mapping[str, tuple[int, int] | int], assign: Map
 def colocate(graph: Graph, devices: int) -> Graph:
     """Every stage on the same `devices` devices (verl's and NeMo-RL's default)."""
     return place(graph, {"all": devices}, default="all")
+
+
+def _whole(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _count(x) -> bool:
+    return _whole(x) and x > 0

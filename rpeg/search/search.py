@@ -15,7 +15,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from rpeg.errors import DoesNotFit, RpegError
+from rpeg.errors import DoesNotFit, PassRefused, RpegError
 from rpeg.graph import Graph, Kind, verify
 from rpeg.hardware.topology import Cluster
 from rpeg.passes.base import call_text
@@ -151,7 +151,7 @@ def search(graph: Graph, cluster: Cluster, gpus: int, *, objective: str = "time"
         for st in structures(graph, max_staleness, space):
             try:
                 base = apply_structure(graph, st)
-            except RpegError:
+            except PassRefused:
                 continue
             flops = {s.name: stage_flops(base, s) for s in base.stages}
             for pl in placements(base, n, sized.gpus_per_node, space):
@@ -160,7 +160,7 @@ def search(graph: Graph, cluster: Cluster, gpus: int, *, objective: str = "time"
                     break
                 try:
                     g = apply_execution(base, st, pl)
-                except RpegError:
+                except PassRefused:
                     continue  # an illegal combination (fusion across groups, streaming a whole-batch consumer)
                 result.evaluated += 1
                 scale = (n * sized.gpu_hour_usd / 3600 if objective == "cost" and sized.gpu_hour_usd
@@ -213,7 +213,7 @@ def nearest_feasible(graph: Graph, cluster: Cluster, gpus: int, options: LayoutO
         try:
             return f"{n} GPUs instead of {gpus}", search(graph, cluster, n, max_staleness=max_staleness,
                                                           options=options, budget=400)
-        except RpegError:
+        except DoesNotFit:
             continue
     for div in (2, 4):
         prompts = graph.job.prompts // div
@@ -226,7 +226,7 @@ def nearest_feasible(graph: Graph, cluster: Cluster, gpus: int, options: LayoutO
             return (f"{prompts} prompts per step instead of {graph.job.prompts}",
                     search(verify(smaller.replace(stages=stages)), cluster, gpus, max_staleness=max_staleness,
                            options=options, budget=400))
-        except RpegError:
+        except DoesNotFit:
             continue
     return None
 

@@ -111,3 +111,9 @@ def test_the_config_estimators_are_the_runtimes():
     from rpeg.runtime.advantages import ADVANTAGES
 
     assert sorted(ADV_ESTIMATORS) == sorted(ADVANTAGES)
+
+
+def test_huge_integers_are_shown_without_overflow():
+    assert problem("prompts", 10**400, maximum=10) == "prompts = 1.00e+400 exceeds 10"
+    with pytest.raises(RpegError, match=r"prompts = 1.00e\+400 exceeds"):
+        Job(prompts=10**400)

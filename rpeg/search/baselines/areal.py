@@ -24,7 +24,7 @@ control beyond the bound k; ZeRO-3-sharded forward passes of frozen models (full
 
 from __future__ import annotations
 
-from rpeg.errors import RpegError
+from rpeg.errors import PassRefused
 from rpeg.graph import Graph
 from rpeg.hardware.topology import Cluster
 from rpeg.passes import bound_asynchrony, stream
@@ -47,6 +47,6 @@ def build(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Grap
     g = split_generation(g, cluster, gpus, GENERATION_SHARE, "rollout")
     try:
         g = stream(g, STREAM_MICROBATCHES)  # every edge that can stream
-    except RpegError:
+    except PassRefused:
         pass  # none can (a batch of fewer than 16 sequences): the plan runs batch by batch
     return finish(g, cluster, options(cluster), cache, "areal")
