@@ -65,6 +65,7 @@ class LengthDistribution:
         elif kind == "empirical":
             if not self.points or min(self.points) < 1:
                 raise RpegError("response length: empirical needs a non-empty list of positive lengths")
+            object.__setattr__(self, "points", tuple(sorted(self.points)))  # quantiles by index, no sort per call
             object.__setattr__(self, "mean", sum(self.points) / len(self.points))
             object.__setattr__(self, "max", max(self.max, max(self.points)))
         else:
@@ -82,7 +83,7 @@ class LengthDistribution:
         if self.kind == "uniform":
             return self.min + q * (self.max - self.min)
         if self.kind == "empirical":
-            pts = sorted(self.points)
+            pts = self.points  # sorted on construction
             return float(pts[min(int(q * len(pts)), len(pts) - 1)])
         mu = _lognormal_mu(self.mean, self.sigma, self.max)
         if q >= 1.0:

@@ -36,6 +36,11 @@ from rpeg.perf.flops import expected_forward_flops
 
 MAX_NUM_SEQS = Factor(256, "vLLM's default cap on sequences in one batch (max_num_seqs)")
 _GOLDEN = (math.sqrt(5) - 1) / 2
+# An engine's sequences are simulated one by one up to this many; a larger share runs as more of
+# the same waves of at most MAX_NUM_SEQS (256) sequences, which 4,096 (16 waves) already show in steady
+# state, so the simulated times are scaled by n / SIM_SEQUENCES. This keeps the cost of a stage
+# bounded whatever the batch (`rpeg plan` at 131,072 sequences on 8 GPUs took 70 s before).
+SIM_SEQUENCES = 4_096
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -186,9 +191,12 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
                          capacity_bytes=dev.hbm_capacity_bytes,
                          memory_parts=(("weights", weights), ("kv_cache", need - weights)), devices=layout.devices,
                          parts=(("does not fit", math.inf),))
-    lengths = response_lengths(work.response, n)
-    sim = simulate_instance(spec, layout, cluster, n=n, prompt=work.prompt_len, lengths=lengths,
+    sim_n = min(n, SIM_SEQUENCES)
+    lengths = response_lengths(work.response, sim_n)
+    sim = simulate_instance(spec, layout, cluster, n=sim_n, prompt=work.prompt_len, lengths=lengths,
                             capacity_tokens=capacity, dtype=work.dtype)
+    scale = n / sim_n
+    sim = {k: v * scale for k, v in sim.items()}
     parts = tuple((k, sim[k]) for k in ("prefill", "decode", "tensor-parallel comm", "engine step overhead"))
     seconds = sum(v for _, v in parts)
     flops = work.sequences * expected_forward_flops(spec, work.prompt_len, work.response)
