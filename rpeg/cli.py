@@ -27,8 +27,8 @@ from collections.abc import Sequence
 
 from rpeg.cli_args import MAX_STALENESS, MAX_STEPS, count, real
 from rpeg.errors import DoesNotFit, RpegError
-from rpeg.outfolder import OutputFolder
 from rpeg.graph.bounds import MAX_COEF, MAX_TOKENS
+from rpeg.outfolder import OutputFolder
 from rpeg.report import params, si, table
 
 
@@ -48,12 +48,14 @@ def _job_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--samples", "-n", type=int, default=8, help="samples per prompt (8)")
     g.add_argument("--prompt-len", type=int, default=512, help="prompt tokens (512)")
     g.add_argument("--response-len", type=real(1, MAX_TOKENS), default=1024, help="mean response tokens (1024)")
-    g.add_argument("--response-max", type=count(0, MAX_TOKENS), default=0, help="max response tokens (default: the mean)")
+    g.add_argument("--response-max", type=count(0, MAX_TOKENS), default=0,
+                   help="max response tokens (default: the mean)")
     g.add_argument("--response-dist", choices=("fixed", "uniform", "lognormal"), default=None,
                    help="length distribution (fixed; lognormal when --response-max > mean)")
     g.add_argument("--epochs", type=int, default=1, help="PPO epochs per step (1)")
     g.add_argument("--mini-batches", type=int, default=1, help="optimizer steps per epoch (1)")
-    g.add_argument("--kl-coef", type=real(0, MAX_COEF), default=None, help="reference KL coefficient (0 drops the reference)")
+    g.add_argument("--kl-coef", type=real(0, MAX_COEF), default=None,
+                   help="reference KL coefficient (0 drops the reference)")
     s = p.add_argument_group("passes")
     s.add_argument("--async", dest="async_bound", type=int, default=None, metavar="K",
                    help="bounded asynchrony: generation up to K steps ahead")

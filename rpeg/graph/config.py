@@ -9,6 +9,7 @@ from typing import Literal
 
 from rpeg.errors import RpegError
 from rpeg.graph.bounds import MAX_COEF, problem
+from rpeg.graph.bounds import problems as bounded
 
 
 # The advantage estimators the runtime registers (rpeg/runtime/advantages.py ADVANTAGES; a test keeps
@@ -41,11 +42,10 @@ class AlgoConfig:
     entropy_coef: float = 0.0
 
     def __post_init__(self) -> None:
-        problems = [p for p in (problem(f, getattr(self, f), minimum=0, maximum=MAX_COEF)
-                                for f in ("clip_low", "clip_high", "kl_coef", "value_clip", "entropy_coef",
-                                          "gamma", "lam")) if p]
-        # oversample only scales counts the model multiplies in closed form: finite is enough
-        problems += [p for p in [problem("oversample", self.oversample, minimum=0)] if p]
+        problems = bounded([problem(f, getattr(self, f), minimum=0, maximum=MAX_COEF)
+                            for f in ("clip_low", "clip_high", "kl_coef", "value_clip", "entropy_coef", "gamma", "lam")]
+                           # oversample only scales counts the model multiplies in closed form: finite is enough
+                           + [problem("oversample", self.oversample, minimum=0)])
         if problems:  # NaN, inf, negative or absurd: each named once, before the rules below compare them
             raise RpegError("algorithm config: " + "; ".join(problems))
         if self.adv_estimator not in ADV_ESTIMATORS:

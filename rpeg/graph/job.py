@@ -45,7 +45,9 @@ class LengthDistribution:
         if len(self.points) > MAX_POINTS:
             bad.append(f"response length: {len(self.points):,} empirical points, more than {MAX_POINTS:,} (a sample "
                        "of that size gives the distribution as well as any larger one)")
-        bad += problems([problem("response length: point", p, maximum=MAX_TOKENS) for p in set(self.points)][:1])
+        bad += [next((b for b in (problem("response length: point", p, maximum=MAX_TOKENS) for p in self.points)
+                      if b), None)] if self.points else []
+        bad = problems(bad)
         if bad:
             raise RpegError("; ".join(bad))
         object.__setattr__(self, "mean", float(self.mean))  # one YAML spelling, however it was given

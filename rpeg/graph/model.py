@@ -19,6 +19,7 @@ from typing import Literal
 
 from rpeg.errors import RpegError
 from rpeg.graph.bounds import problem
+from rpeg.graph.bounds import problems as bounded
 
 FfnAct = Literal["swiglu", "gelu"]
 Attention = Literal["mha", "gqa", "mla"]
@@ -28,8 +29,9 @@ Attention = Literal["mha", "gqa", "mla"]
 # hidden up to ~3e4, vocab ~3e5, 256 experts): they keep the planner's work and memory bounded.
 # The layer bound is the tightest: pipeline splits are searched layer by layer, and `rpeg plan`
 # takes 1.9 s at 126 layers and 9 s at 2,048 on 8 GPUs (measured here).
-_SIZE_BOUNDS = (("layers", 2_048, "the deepest models built have about 160; the plan search works per layer"), ("hidden", 1_048_576, ""),
-                ("heads", 65_536, ""), ("kv_heads", 65_536, ""), ("head_dim", 65_536, ""), ("v_head_dim", 65_536, ""),
+_SIZE_BOUNDS = (("layers", 2_048, "the deepest models built have about 160; the plan search works per layer"),
+                ("hidden", 1_048_576, ""), ("heads", 65_536, ""), ("kv_heads", 65_536, ""), ("head_dim", 65_536, ""),
+                ("v_head_dim", 65_536, ""),
                 ("ffn", 16_777_216, ""), ("vocab", 16_777_216, ""), ("experts", 1_048_576, ""),
                 ("experts_per_token", 1_048_576, ""), ("moe_ffn", 16_777_216, ""), ("shared_experts", 65_536, ""),
                 ("kv_lora_rank", 1_048_576, ""), ("q_lora_rank", 1_048_576, ""), ("rope_head_dim", 65_536, ""))
@@ -76,8 +78,8 @@ class ModelSpec:
         for f in ("layers", "hidden", "heads", "kv_heads", "vocab"):
             if getattr(self, f) <= 0:
                 problems.append(f"{f} = {getattr(self, f)} must be positive")
-        problems += [p for p in (problem(f, getattr(self, f), minimum=0, maximum=hi, why=why)
-                                 for f, hi, why in _SIZE_BOUNDS) if p]
+        problems += bounded([problem(f, getattr(self, f), minimum=0, maximum=hi, why=why)
+                             for f, hi, why in _SIZE_BOUNDS])
         if self.ffn_act not in ("swiglu", "gelu"):
             problems.append(f"ffn_act = {self.ffn_act!r} must be 'swiglu' or 'gelu'")
         if self.norm not in ("rmsnorm", "layernorm"):

@@ -187,11 +187,12 @@ class _Loader(yaml.SafeLoader):
 
 def _json_pairs(source: str):
     def hook(pairs):
-        keys = [k for k, _ in pairs]
-        dup = next((k for k in keys if keys.count(k) > 1), None)
-        if dup is not None:
+        out = dict(pairs)
+        if len(out) < len(pairs):  # one pass over the keys, not one per key
+            seen: set = set()
+            dup = next(k for k, _ in pairs if k in seen or seen.add(k))
             raise RpegError(f"{source}: key {_short(dup)} given twice in one object")
-        return dict(pairs)
+        return out
 
     return hook
 

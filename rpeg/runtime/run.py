@@ -14,7 +14,6 @@ the simulator's format) and gantt.png, checkpoints/ (atomic; `resume=True` conti
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -30,10 +29,10 @@ from rpeg.graph import Graph
 from rpeg.runtime import algos
 from rpeg.runtime.batch import Batch, build_batch
 from rpeg.runtime.config import RuntimeConfig
-from rpeg.runtime.outputs import (ProgressBar, WarmupBar, append_jsonl, load_latest, save_atomic, write_jsonl,
-                                  write_outputs)
+from rpeg.runtime.outputs import ProgressBar, append_jsonl, load_latest, save_atomic, write_jsonl, write_outputs
 from rpeg.runtime.plan_check import check_plan
 from rpeg.runtime.rollout import SamplingParams
+from rpeg.runtime.sft import prepare_model
 from rpeg.runtime.trainer import OptimConfig
 from rpeg.sim.timeline import Record, Timeline
 
@@ -76,62 +75,6 @@ class _Ray:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-WARMUP_DEV_SIZE = 256  # dev problems for a warm-up target: a standard error of at most 0.031 on the accuracy
-
-
-def _prepare_model(rt: RuntimeConfig, task, out: str, resume: bool, progress: bool) -> tuple[str, object, dict]:
-    """The model folder the workers load: the given one, or the tiny one, after the SFT warm-up.
-    Returns (folder, tokenizer, what the warm-up did)."""
-    from rpeg.runtime.models import build_tiny, load
-    from rpeg.runtime.sft import supervised_warmup
-
-    warm = os.path.join(out, "warm-model")
-    record = os.path.join(out, "warmup.json")
-    if resume and os.path.exists(os.path.join(warm, "config.json")):
-        done = json.load(open(record, encoding="utf-8")) if os.path.exists(record) else {}
-        return warm, load(warm)[1], done
-    src = rt.model_path
-    if src == "tiny":
-        src = build_tiny(os.path.join(out, "tiny-model"), seed=rt.seed)
-    model, tok = load(src)
-    done: dict = {}
-    if rt.warmup_sft_steps:
-        torch.set_num_threads(rt.threads or os.cpu_count() or 2)  # the warm-up runs here, in the driver
-        n_train = max(2000, rt.sft_batch * 4)
-        problems = task.problems("train", n_train + (WARMUP_DEV_SIZE if rt.warmup_target else 0), seed=rt.seed + 7)
-        train, dev = problems[:n_train], problems[n_train:]
-        t0 = time.time()
-        bar = WarmupBar(rt.warmup_sft_steps, rt.warmup_target, progress)
-        try:
-            result = supervised_warmup(model, tok, train, steps=rt.warmup_sft_steps, lr=rt.sft_lr,
-                                       batch=rt.sft_batch, seed=rt.seed, target=rt.warmup_target,
-                                       check_every=rt.warmup_check_every, on_step=bar.update,
-                                       check=lambda: _accuracy(model, tok, task, dev, rt))
-        finally:
-            bar.close()
-        done = result.as_dict() | {"seconds": time.time() - t0}
-        if rt.warmup_target and not result.reached:
-            print(f"warning: the supervised warm-up stopped at its bound of {result.steps} steps with dev accuracy "
-                  f"{result.checks[-1][1]:.3f}, below its target {rt.warmup_target}; RL starts from there")
-    model.save_pretrained(warm, safe_serialization=True)
-    tok.save_pretrained(warm)
-    with open(record, "w", encoding="utf-8") as fh:
-        json.dump(done, fh)
-    return warm, tok, done
-
-
-def _accuracy(model, tok, task, problems: list, rt: RuntimeConfig) -> float:
-    """Sampled accuracy of `model` on `problems`, as the rollout samples (temperature, length)."""
-    from rpeg.runtime.rollout import HFEngine
-
-    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id)
-    prompts = [tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
-    params = SamplingParams(max_new_tokens=rt.max_new_tokens, temperature=rt.temperature)
-    responses, _ = engine.generate(prompts, params, rt.seed + 4243)
-    texts = tok.batch_decode(responses, skip_special_tokens=True)
-    return sum(task.reward(p, t) >= 1.0 for p, t in zip(problems, texts)) / len(problems)
-
-
 def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool = True) -> RunResult:
     from rpeg.tasks import get_task
 
@@ -150,7 +93,7 @@ def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool
     # checkpoint's on resume (steps logged after the last checkpoint are run again, not kept twice)
     write_jsonl(os.path.join(rt.out, "metrics.jsonl"), state["metrics"] if state else [])
     t0 = time.time()
-    model_path, tok, warmup = _prepare_model(rt, task, rt.out, resume, progress)
+    model_path, tok, warmup = prepare_model(rt, task, rt.out, resume, progress)
     session = _Ray(rt.address)
     try:
         runner = _Runner(graph, rt, task, tok, model_path, session.ray)
@@ -297,8 +240,7 @@ class _Runner:
                                                         temperature=self.rt.temperature)),
                              ("greedy", SamplingParams(max_new_tokens=self.rt.max_new_tokens, greedy=True))):
             resp, _, _, _ = self.ray.get(self.rollouts[0].generate.remote(prompts, params, self.rt.seed + 4242))
-            texts = self.tok.batch_decode(resp, skip_special_tokens=True)
-            out[name] = sum(self.task.reward(p, t) >= 1.0 for p, t in zip(problems, texts)) / len(problems)
+            out[name] = self.task.accuracy(problems, self.tok.batch_decode(resp, skip_special_tokens=True))
         return out
 
     # ---- the loop ------------------------------------------------------------------------------------

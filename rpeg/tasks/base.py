@@ -87,6 +87,10 @@ class Task(ABC):
             return 1.0
         return self.format_bonus if self.format_bonus and self.extract(response) is not None else 0.0
 
+    def accuracy(self, problems: list[Problem], responses: list[str]) -> float:
+        """The share of `responses` that answer their problem correctly (full reward)."""
+        return sum(self.reward(p, r) >= 1.0 for p, r in zip(problems, responses)) / len(problems)
+
     def split_of(self, key: str) -> str:
         """"test" or "train" for the problem with canonical key `key`."""
         digest = hashlib.blake2b(f"{self.name}:{key}".encode(), digest_size=8).digest()

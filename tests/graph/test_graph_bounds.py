@@ -95,7 +95,8 @@ MODEL = "{name: m, layers: 4, hidden: 64, heads: 4, kv_heads: 4, ffn: 128, vocab
     ("algorithm: ppo\nmodel: qwen3-8B\nconfig: {value_clip: -1}\n", "value_clip = -1 must be >= 0"),
     (f"algorithm: grpo\nmodel: {MODEL.replace('layers: 4', 'layers: 1000000000')}\n",
      "layers = 1,000,000,000 exceeds 2,048"),
-    (f"algorithm: grpo\nmodel: {MODEL.replace('ffn: 128', 'ffn: 128, head_dim: -128')}\n", "head_dim = -128 must be >= 0"),
+    (f"algorithm: grpo\nmodel: {MODEL.replace('ffn: 128', 'ffn: 128, head_dim: -128')}\n",
+     "head_dim = -128 must be >= 0"),
 ])
 def test_job_file_values_are_refused(tmp_path, capsys, body, needle):
     path = tmp_path / "job.yaml"
