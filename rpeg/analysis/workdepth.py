@@ -183,11 +183,13 @@ def _critical_path(g: Graph, depth: dict[str, float]) -> tuple[float, list[str]]
     times = _step_times(g, depth, {})
     end = max(f for _, f in times.values())
     # walk back along the predecessors that determined each start
+    # ties go to the earliest stage in builder order (a set's order would change with the hash seed)
     preds = g.step_predecessors()
+    order = {s.name: i for i, s in enumerate(g.stages)}
     node = max(times, key=lambda n: times[n][1])
     path = [node]
     while preds[node]:
-        node = max(preds[node], key=lambda p: times[p][1])
+        node = max(sorted(preds[node], key=order.__getitem__), key=lambda p: times[p][1])
         path.append(node)
     return end, path[::-1]
 
