@@ -16,10 +16,9 @@ import json
 import statistics
 import tempfile
 
-from rpeg.cli_train import runnable_plan
 from rpeg.graph.serde import from_data
-from rpeg.hardware import load_cluster
 from rpeg.runtime.config import RuntimeConfig
+from rpeg.runtime.plan_check import runnable_plan
 from rpeg.runtime.run import run
 from rpeg.spec import load_spec
 
@@ -32,8 +31,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     args = ap.parse_args()
     spec = load_spec(args.job)
-    cluster = load_cluster(spec.cluster or "cpu-local", spec.gpus or 1)
-    cand = runnable_plan(spec.graph(), cluster, spec.gpus or 1)
+    _, cluster, gpus = spec.cluster_and_gpus(default="cpu-local")
+    cand = runnable_plan(spec.graph(), cluster, gpus)
     rt = from_data(RuntimeConfig, spec.runtime, "runtime").replace(
         steps=args.steps + WARMUP_STEPS, warmup_sft_steps=300, eval_every=0, eval_size=20, checkpoint_every=0,
         out=tempfile.mkdtemp(prefix="rpeg-bench-"))

@@ -26,6 +26,7 @@ from rpeg.errors import RpegError
 from rpeg.graph import Graph, Job, ModelSpec, get_model
 from rpeg.graph.bounds import MAX_GPUS, show
 from rpeg.graph.serde import from_data, read_yaml_file
+from rpeg.hardware import Cluster, load_cluster
 from rpeg.passes import PassPipeline
 
 KEYS = ("algorithm", "model", "reward", "critic", "reference", "job", "config", "passes", "cluster", "gpus", "runtime")
@@ -45,6 +46,18 @@ class JobSpec:
     def graph(self) -> Graph:
         """The algorithm's graph with the job's passes applied."""
         return self.passes.apply(build_graph(self.algorithm, self.job, self.models, **self.config))
+
+    def cluster_and_gpus(self, cluster: str | None = None, gpus: int | None = None, default: str = "dgx-h100",
+                         graph: Graph | None = None) -> tuple[Cluster, Cluster, int]:
+        """(the cluster as its preset or file states it, the same sized to the devices used, how many).
+
+        The cluster: `cluster` (a flag), else the job file's, else `default`. The devices: `gpus`,
+        else the job file's, else as many as `graph`'s placed groups span, else one node."""
+        name = cluster or self.cluster or default
+        base = load_cluster(name)
+        used = gpus or self.gpus or (max(g.first + g.count for g in graph.groups) if graph is not None and graph.groups
+                                     else base.gpus_per_node)
+        return base, load_cluster(name, used), used
 
 
 def model_from(data: Any, where: str) -> ModelSpec:

@@ -9,7 +9,7 @@ import pytest
 
 from rpeg.cli import main
 from rpeg.errors import RpegError
-from rpeg.validation import summary, validate_file
+from rpeg.perf.validation import summary, validate_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT.parent / "shared" / "validation" / "published.yaml"

@@ -29,3 +29,33 @@ def test_bad_fields_are_one_line_naming_entry_and_field(tmp_path, capsys, edit, 
     assert main(["validate", str(f)]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+OOM = """rl:
+  - {id: fits, system: dgx-h100, model: llama-3.1-8B, gpus: 8, prompts: 64, samples_per_prompt: 8,
+     max_seq_len: 2048, mean_seq_len: 900, generation: {tp: 1}, training: {tp: 2}, measured: {step_s: 60}}
+  - {id: too-big, system: dgx-h100, model: llama-3.1-405B, gpus: 1, prompts: 64, samples_per_prompt: 8,
+     max_seq_len: 2048, mean_seq_len: 900, measured: {step_s: 60}}
+"""
+
+
+def test_an_entry_predicted_not_to_fit_is_named_and_left_out_of_the_mean(tmp_path, capsys):
+    import json
+    import math
+
+    f = tmp_path / "oom.yaml"
+    f.write_text(OOM)
+    assert main(["validate", str(f)]) == 3  # a plan that does not fit, as predict and plan say it
+    out = capsys.readouterr().out
+    assert "inf" not in out.lower() and "does not fit" in out and "DOES NOT FIT" in out and "too-big" in out
+    assert "over the 1 that fit" in out
+    assert main(["validate", str(f), "--json"]) == 3
+
+    def refuse(name):
+        raise AssertionError(f"{name} in --json output")
+
+    data = json.loads(capsys.readouterr().out, parse_constant=refuse)  # strict JSON: no Infinity, no NaN
+    fits, big = data["entries"]
+    assert fits["fits"] and math.isfinite(fits["error"]) and data["mape"] == abs(fits["error"])
+    assert (big["fits"], big["predicted"], big["error"]) == (False, None, None)
+    assert data["not_fitting"] == ["too-big"]

@@ -7,7 +7,7 @@
 
 Presets live in `devices/*.yaml` and `clusters/*.yaml` (packaged; see `device_names()`,
 `cluster_names()`); a user's file loads by path with the same schema. `cpu-local` is this
-machine, measured once by `rpeg.hardware.calibrate` and cached (never at import time).
+machine, as `rpeg calibrate` measured it (loading only reads that file: never measures, never writes).
 
 Device file (units in the key names; loading converts to SI):
 

@@ -1,4 +1,4 @@
-"""cpu-local: this machine's figures, measured once and cached, so plans can be costed for it.
+"""`rpeg calibrate`: measure this machine once, as the cpu-local device, so plans can be costed for it.
 
 `calibrate()` times, within about `seconds` (2 by default):
 - a numpy float32 square matmul (2 n^3 FLOP each; the best run counts). numpy has no bf16 or fp16
@@ -10,15 +10,15 @@
 
 It writes them, in the device file schema with how each was measured (the command, the date,
 the numpy version) as its source, to `$RPEG_CACHE_DIR/cpu-local.yaml` (default
-`~/.cache/rpeg/cpu-local.yaml`). `load_device("cpu-local")` reads that file, and measures only
-when it is missing. Nothing here runs at import time.
+`~/.cache/rpeg/cpu-local.yaml`). `load_device("cpu-local")` only reads that file (rpeg.hardware
+.loader): loading never measures and never writes; without the file it is an error that says to
+run `rpeg calibrate`. Nothing here runs at import time.
 
-Measure again: `python -m rpeg.hardware.calibrate [--seconds S]` (or delete the file).
+Measure (again): `rpeg calibrate [--seconds S]`.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import pathlib
@@ -28,40 +28,18 @@ import time
 import yaml
 
 from rpeg.errors import RpegError
-from rpeg.graph.serde import read_yaml_file
 from rpeg.hardware.device import Device
+from rpeg.hardware.loader import CACHE_ENV, cpu_local_path, device_from_data
 
-CACHE_ENV = "RPEG_CACHE_DIR"
-FILE_NAME = "cpu-local.yaml"
 MATMUL_N = 1024  # 2.1 GFLOP a run: tens of ms on a laptop core, so several runs fit the budget
 COPY_BYTES = 128 * 2**20  # per array; well past any last-level cache
-
-
-def cache_path() -> pathlib.Path:
-    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "rpeg")
-    return pathlib.Path(root) / FILE_NAME
-
-
-def load_cpu_local(path: str | os.PathLike | None = None) -> Device:
-    """The cached cpu-local device; measured (and cached) first if the file is missing."""
-    path = pathlib.Path(path) if path is not None else cache_path()
-    if not path.exists():
-        return calibrate(path)
-    from rpeg.hardware.loader import device_from_data
-
-    try:
-        return device_from_data(read_yaml_file(str(path)), str(path), default_name="cpu-local")
-    except RpegError as e:
-        raise RpegError(f"{e} (delete the file or run `python -m rpeg.hardware.calibrate` to measure again)") from None
 
 
 def calibrate(path: str | os.PathLike | None = None, seconds: float = 2.0) -> Device:
     """Measure this machine, write the cache file, and return the device it describes."""
     import numpy as np
 
-    from rpeg.hardware.loader import device_from_data
-
-    path = pathlib.Path(path) if path is not None else cache_path()
+    path = pathlib.Path(path) if path is not None else cpu_local_path()
     seconds = max(0.05, float(seconds))
     flop_per_s, matmul_runs = _matmul_flop_per_s(np, 0.6 * seconds)
     bytes_per_s, copy_runs = _copy_bytes_per_s(np, 0.4 * seconds)
@@ -69,7 +47,7 @@ def calibrate(path: str | os.PathLike | None = None, seconds: float = 2.0) -> De
 
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     how = (f"measured {when} by rpeg.hardware.calibrate.calibrate(seconds={seconds:g}) "
-           f"(`python -m rpeg.hardware.calibrate`), numpy {np.__version__}, Python {sys.version.split()[0]}")
+           f"(`rpeg calibrate`), numpy {np.__version__}, Python {sys.version.split()[0]}")
     matmul = (f"{how}: float32 {MATMUL_N}x{MATMUL_N} matmul, 2*n^3 FLOP over the best of {matmul_runs} runs")
     stand_in = "; the fp32 rate stands in for this dtype (numpy has no fast bf16/fp16 matmul on CPUs)"
     data = {
@@ -93,7 +71,7 @@ def calibrate(path: str | os.PathLike | None = None, seconds: float = 2.0) -> De
         },
     }
     header = ("# cpu-local: this machine, as rpeg.hardware.calibrate measured it. Delete this file, or run\n"
-              "# `python -m rpeg.hardware.calibrate`, to measure again. 'hbm' is the machine's RAM here.\n")
+              "# `rpeg calibrate`, to measure again. 'hbm' is the machine's RAM here.\n")
     text = header + yaml.safe_dump(data, sort_keys=False, width=1000, allow_unicode=True)
     device = device_from_data(yaml.safe_load(text), str(path), default_name="cpu-local")
     _write(path, text)
@@ -137,24 +115,3 @@ def _write(path: pathlib.Path, text: str) -> None:
     except OSError as e:
         raise RpegError(f"cannot write the cpu-local calibration to {path}: {e.strerror} "
                         f"(set {CACHE_ENV} to a writable folder)") from None
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rpeg.hardware.calibrate",
-                                     description="Measure this machine and cache it as the cpu-local device.")
-    parser.add_argument("--seconds", type=float, default=2.0, help="time budget for the measurements")
-    parser.add_argument("--path", default=None, help=f"cache file (default: {cache_path()})")
-    args = parser.parse_args(argv)
-    path = pathlib.Path(args.path) if args.path else cache_path()
-    try:
-        device = calibrate(path, args.seconds)
-    except RpegError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"{path}: fp32 matmul {device.bf16_flop_per_s / 1e9:.1f} GFLOP/s, memory "
-          f"{device.hbm_bandwidth_bytes_per_s / 1e9:.1f} GB/s, RAM {device.hbm_capacity_bytes / 1e9:.1f} GB")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.resources
 import math
 import os
+import pathlib
 from typing import Any, get_args
 
 from rpeg.errors import RpegError
@@ -17,7 +18,9 @@ from rpeg.graph.serde import parse_yaml, read_yaml_file
 from rpeg.hardware.device import FIGURES, MAY_BE_ZERO, QUANTITY, UNITS, Device, split_unit, to_si
 from rpeg.hardware.topology import Cluster, Level, Link
 
-CPU_LOCAL = "cpu-local"  # measured on this machine, not read from a preset (see calibrate.py)
+CPU_LOCAL = "cpu-local"  # measured on this machine by `rpeg calibrate`, not read from a preset
+CACHE_ENV = "RPEG_CACHE_DIR"
+CPU_LOCAL_FILE = "cpu-local.yaml"
 DEVICE_KEYS = ("name", "kind", "description", "sources")
 CLUSTER_KEYS = ("name", "description", "device", "gpus", "gpu_hour_usd", "levels", "sources")
 LEVEL_KEYS = ("name", "gpus", "link", "latency_us", "oversubscription", "sources")  # and bandwidth_<unit>
@@ -33,7 +36,7 @@ def _preset_names(kind: str) -> list[str]:
 
 
 def device_names() -> list[str]:
-    """Every device `load_device` knows by name (cpu-local is measured on first use)."""
+    """Every device `load_device` knows by name (cpu-local once `rpeg calibrate` has measured it)."""
     return sorted(_preset_names("devices") + [CPU_LOCAL])
 
 
@@ -67,11 +70,9 @@ def _stem(path: str) -> str:
 
 # ---- devices -----------------------------------------------------------------------------------
 def load_device(name_or_path: str | os.PathLike) -> Device:
-    """A preset device by name (`h100-sxm`), `cpu-local` (this machine, measured once and cached),
-    or a device file by path."""
+    """A preset device by name (`h100-sxm`), `cpu-local` (this machine, as `rpeg calibrate` measured
+    it), or a device file by path."""
     if name_or_path == CPU_LOCAL:
-        from rpeg.hardware.calibrate import load_cpu_local  # numpy only when asked for
-
         return load_cpu_local()
     data, where, preset = _read("devices", name_or_path)
     device = device_from_data(data, where, default_name=preset or _stem(where))
@@ -111,6 +112,30 @@ def device_from_data(data: Any, where: str, default_name: str = "") -> Device:
                       sources=sources, **{FIGURES[f]: v for f, (_, v) in figures.items()})
     except RpegError as e:
         raise RpegError(f"{where}: {e}") from None
+
+
+class NotCalibrated(RpegError):
+    """cpu-local is asked for on a machine `rpeg calibrate` has not measured."""
+
+
+def cpu_local_path() -> pathlib.Path:
+    """Where `rpeg calibrate` writes this machine's figures: $RPEG_CACHE_DIR/cpu-local.yaml
+    (default ~/.cache/rpeg/cpu-local.yaml)."""
+    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "rpeg")
+    return pathlib.Path(root) / CPU_LOCAL_FILE
+
+
+def load_cpu_local(path: str | os.PathLike | None = None) -> Device:
+    """The cpu-local device as `rpeg calibrate` wrote it. Reading never measures: a machine not yet
+    measured is an error that says how to measure it."""
+    path = pathlib.Path(path) if path is not None else cpu_local_path()
+    if not path.is_file():
+        raise NotCalibrated(f"cpu-local (this machine) has not been measured: run `rpeg calibrate` first (about "
+                            f"2 s; it writes {path})")
+    try:
+        return device_from_data(read_yaml_file(str(path)), str(path), default_name=CPU_LOCAL)
+    except RpegError as e:
+        raise RpegError(f"{e} (delete the file or run `rpeg calibrate` to measure again)") from None
 
 
 # ---- clusters ----------------------------------------------------------------------------------
@@ -169,6 +194,8 @@ def _cluster_device(value: Any, where: str, cluster_name: str) -> Device:
         value = os.path.join(os.path.dirname(where), value)  # relative to the cluster file
     try:
         return load_device(value)
+    except NotCalibrated:
+        raise  # what to do is the same whichever cluster names cpu-local
     except RpegError as e:
         raise RpegError(f"{where}: device: {e}") from None
 

@@ -87,6 +87,11 @@ class Cluster:
     def gpus_per_node(self) -> int:
         return self.levels[0].gpus
 
+    def usd(self, gpus: int, seconds: float) -> float:
+        """What `gpus` of its devices cost for `seconds` at the list price; 0 when none is published
+        (the one home of the $/step formula)."""
+        return self.gpu_hour_usd * gpus * seconds / 3600 if self.gpu_hour_usd else 0.0
+
     def with_gpus(self, gpus: int) -> Cluster:
         """The same cluster sized to `gpus` devices (the system level grows to hold them)."""
         if gpus < 1:

@@ -1,9 +1,12 @@
-"""What the runtime can honour today, checked before anything starts."""
+"""What the runtime can honour today, checked before anything starts; and the fastest plan it can."""
 
 from __future__ import annotations
 
 from rpeg.errors import RpegError
 from rpeg.graph import Graph, Kind
+from rpeg.hardware.topology import Cluster
+from rpeg.search import LayoutOptions, SpaceOptions, search
+from rpeg.search.search import Candidate
 
 SUPPORTED = ("ppo", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dr_grpo", "remax", "dapo")
 
@@ -44,3 +47,18 @@ def check_plan(graph: Graph) -> None:
         if gen.layout.dp != 1 or train.layout.devices != 1 or graph.group(gen.group) != graph.group(train.group):
             raise RpegError("a colocated plan runs on one device in the runtime (generation and training share "
                             "its process); give generation its own devices to use data parallelism")
+
+
+def runnable_plan(graph: Graph, cluster: Cluster, gpus: int) -> Candidate:
+    """The fastest plan the runtime can honour: data parallelism only, whole batches, no streaming."""
+    options = LayoutOptions(train_tp=(1,), train_pp=(1,), train_cp=(1,), zero=(3,), infer_zero=(0,), gen_tp=(1,),
+                            expert_parallel=False, sequence_parallel=False)
+    space = SpaceOptions(share=False, fuse=True, stream=False, placements=("colocated", "split"))
+    result = search(graph, cluster, gpus, max_staleness=1, options=options, space=space, budget=200)
+    for cand in result.ranked:
+        try:
+            check_plan(cand.graph)
+            return cand
+        except RpegError:
+            continue
+    raise RpegError("no plan the runtime can run was found for this job on this machine")

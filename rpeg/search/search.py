@@ -44,7 +44,7 @@ class Candidate:
         return self.prediction.step_s
 
     def cost_usd(self, cluster: Cluster) -> float:
-        return cluster.gpu_hour_usd * self.gpus * self.step_s / 3600
+        return cluster.usd(self.gpus, self.step_s)
 
 
 @dataclass
@@ -163,7 +163,7 @@ def search(graph: Graph, cluster: Cluster, gpus: int, *, objective: str = "time"
                 except PassRefused:
                     continue  # an illegal combination (fusion across groups, streaming a whole-batch consumer)
                 result.evaluated += 1
-                scale = (n * sized.gpu_hour_usd / 3600 if objective == "cost" and sized.gpu_hour_usd
+                scale = (sized.usd(n, 1.0) if objective == "cost" and sized.gpu_hour_usd
                          else (n if objective == "cost" else 1))
                 if found:
                     best_obj = found[0][0]

@@ -1,4 +1,5 @@
-"""cpu-local: measured once into a readable cache file, then read back without measuring."""
+"""cpu-local: `rpeg calibrate` measures into a readable cache file; loading only reads it (never
+measures, never writes)."""
 
 import os
 import subprocess
@@ -10,18 +11,23 @@ import yaml
 from rpeg.errors import RpegError
 from rpeg.hardware import calibrate as calibration
 from rpeg.hardware import load_cluster, load_device
+from rpeg.hardware.loader import load_cpu_local
 
 
-def test_first_load_measures_and_writes_a_readable_file_then_reuses_it(tmp_path, monkeypatch):
+def test_loading_never_measures_calibrate_writes_a_readable_file_then_loading_reads_it(tmp_path, monkeypatch):
     monkeypatch.setenv("RPEG_CACHE_DIR", str(tmp_path))
     budgets = []  # the measurement is bounded by its time budget (no wall-clock assert: the machine is shared)
     for name in ("_matmul_flop_per_s", "_copy_bytes_per_s"):
         real = getattr(calibration, name)
         monkeypatch.setattr(calibration, name, lambda np, budget_s, real=real: budgets.append(budget_s)
                             or real(np, budget_s))
-    device = load_device("cpu-local")  # no cache: measures with the default budget
-    assert len(budgets) == 2 and sum(budgets) == pytest.approx(2.0)
     path = tmp_path / "cpu-local.yaml"
+    for load in (lambda: load_device("cpu-local"), lambda: load_cluster("cpu-local", gpus=1)):
+        with pytest.raises(RpegError, match="has not been measured: run `rpeg calibrate`"):
+            load()
+    assert budgets == [] and list(tmp_path.iterdir()) == []  # no measurement, nothing written
+    device = calibration.calibrate()  # the default file and budget
+    assert len(budgets) == 2 and sum(budgets) == pytest.approx(2.0)
     text = path.read_text()
     assert text.startswith("# cpu-local")
     data = yaml.safe_load(text)
@@ -51,7 +57,7 @@ def test_first_load_measures_and_writes_a_readable_file_then_reuses_it(tmp_path,
 def test_calibrate_writes_where_asked(tmp_path):
     path = tmp_path / "sub" / "mine.yaml"
     device = calibration.calibrate(path, seconds=0.1)
-    assert path.exists() and calibration.load_cpu_local(path) == device
+    assert path.exists() and load_cpu_local(path) == device
 
 
 def test_a_broken_cache_says_how_to_fix_it(tmp_path, monkeypatch):

@@ -210,7 +210,7 @@ def test_simulating_the_published_one_step_off_run_is_as_accurate_as_the_analyti
     if not PUBLISHED.is_file():
         pytest.skip(f"{PUBLISHED} is absent")
     from rpeg.graph.serde import read_yaml_file
-    from rpeg.validation import _models, rl_graph
+    from rpeg.perf.validation import _models, rl_graph
 
     data = read_yaml_file(str(PUBLISHED))
     entries = [e for e in data.get("rl") or [] if e.get("async_bound") == 1 and e.get("colocated") is False]

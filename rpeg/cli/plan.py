@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from rpeg.cli_args import MAX_STALENESS, MAX_STEPS, count
+from rpeg.cli.common import MAX_STALENESS, MAX_STEPS, count, job_options, job_spec, print_json
 from rpeg.errors import RpegError
 from rpeg.graph.bounds import MAX_GPUS
 from rpeg.outfolder import OutputFolder
 from rpeg.report import table
 
 
-def add_parser(sub, job_options) -> None:
+def add_parsers(sub) -> None:
     pl = sub.add_parser("plan", help="search the fastest (or cheapest) plan and compare the peers' plans")
     job_options(pl)
     pl.add_argument("--cluster", help="cluster preset or file (default: the job file's, else dgx-h100)")
@@ -28,34 +27,29 @@ def add_parser(sub, job_options) -> None:
 def _row(name, cand, tl, cluster, ref_s: float):
     p = cand.prediction
     peak = max(c.peak_memory_bytes for c in p.stages.values())
-    usd = cluster.gpu_hour_usd * cand.gpus * p.step_s / 3600
+    usd = cluster.usd(cand.gpus, p.step_s)
     return {"plan": name, "step_s": p.step_s, "tokens_per_s": p.tokens / p.step_s, "utilization": tl.utilization,
             "mfu": tl.mfu, "simulated_step_s": tl.step_s, "peak_memory_gb": peak / 1e9, "usd_per_step": usd,
             "speedup": p.step_s / ref_s, "gpus": cand.gpus}
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from rpeg.cli import _spec
-    from rpeg.hardware import load_cluster
+    from rpeg.perf.step import predict_step
     from rpeg.search.baselines import BASELINES
     from rpeg.search.layouts import LayoutCache
     from rpeg.search.search import Candidate, NoFeasiblePlan, nearest_feasible, search
-    from rpeg.perf.step import predict_step
     from rpeg.sim import simulate
     from rpeg.sim.export import write_gantt, write_trace
 
     out = OutputFolder(args.out)  # a bad --out is refused before the search, not after it
-    spec = _spec(args)
+    spec = job_spec(args)
     if args.max_staleness < 0:
         raise RpegError(f"--max-staleness must be >= 0, got {args.max_staleness}")
     if args.max_staleness > MAX_STALENESS:
         raise RpegError(f"--max-staleness must be <= {MAX_STALENESS}, got {args.max_staleness} (the search tries "
                         "every bound up to it; published systems use 1-8)")
     graph = _bare(spec)
-    name = args.cluster or spec.cluster or "dgx-h100"
-    base = load_cluster(name)
-    gpus = args.gpus or spec.gpus or base.gpus_per_node
-    cluster = load_cluster(name, gpus)
+    base, cluster, gpus = spec.cluster_and_gpus(args.cluster, args.gpus)
     cache = LayoutCache()
     try:
         result = search(graph, cluster, gpus, objective=args.objective, max_staleness=args.max_staleness, cache=cache)
@@ -94,12 +88,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     # speedup: how much slower each plan is than RPEG's
     table_rows = [_row(n, c, t, cluster, ref) if c else {"plan": n, "step_s": None} for n, c, t in rows]
     if args.json:
-        print(json.dumps({
+        print_json({
             "job": {"algorithm": graph.algorithm, "model": spec.models.actor.name, "sequences": graph.job.sequences},
             "cluster": cluster.name, "gpus": gpus, "objective": args.objective,
             "search": {"candidates": result.evaluated, "pruned": result.pruned, "layouts_costed": result.layouts_costed,
                        "seconds": result.seconds},
-            "plans": table_rows, "chosen": _chosen(best), "files": files}, indent=1))
+            "plans": table_rows, "chosen": _chosen(best), "files": files})
         return 0
     print(f"plan {graph.algorithm} on {spec.models.actor.name}: {cluster.name}, {gpus} x {cluster.device.name}, "
           f"objective {args.objective}, max staleness {args.max_staleness}")

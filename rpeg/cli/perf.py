@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
+import os
 
-from rpeg.cli_args import count
+from rpeg.cli.common import count, header, job_options, job_spec, print_json, real
 from rpeg.graph.bounds import MAX_GPUS
 from rpeg.report import table
 
 
-def add_parsers(sub, job_options) -> None:
+def add_parsers(sub) -> None:
     pr = sub.add_parser("predict", help="per-stage time, memory per GPU and the bottleneck of a planned job")
     job_options(pr)
     pr.add_argument("--cluster", help="cluster preset or file (default: the job file's, else dgx-h100)")
@@ -23,7 +23,11 @@ def add_parsers(sub, job_options) -> None:
     va.set_defaults(fn=cmd_validate)
     sub.add_parser("hardware", help="device and cluster presets").set_defaults(fn=cmd_hardware)
     ca = sub.add_parser("calibrate", help="measure this machine's matmul rate and memory bandwidth (cpu-local)")
-    ca.add_argument("--out", help="where to write the figures (default: the cache file)")
+    ca.add_argument("--out", help="where to write the figures (default: $RPEG_CACHE_DIR/cpu-local.yaml, "
+                                  "else ~/.cache/rpeg/cpu-local.yaml: what loading cpu-local reads)")
+    ca.add_argument("--seconds", type=real(0.05, 600), default=2.0, help="time budget of the measurements (2)")
+    ca.add_argument("--if-missing", action="store_true",
+                    help="measure only if the file does not exist yet (else print its figures)")
     ca.set_defaults(fn=cmd_calibrate)
 
 
@@ -32,18 +36,12 @@ def _gb(b: float) -> str:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from rpeg.cli import _header, _spec
-    from rpeg.hardware import load_cluster
     from rpeg.perf.step import predict_step
     from rpeg.search.default import default_plan
 
-    spec = _spec(args)
+    spec = job_spec(args)
     graph = spec.graph()
-    name = args.cluster or spec.cluster or "dgx-h100"
-    base = load_cluster(name)
-    gpus = args.gpus or spec.gpus or (max(g.first + g.count for g in graph.groups) if graph.groups
-                                      else base.gpus_per_node)
-    cluster = load_cluster(name, gpus)
+    _, cluster, gpus = spec.cluster_and_gpus(args.cluster, args.gpus, graph=graph)
     planned_by = "the job's passes"
     if not graph.groups:
         graph = default_plan(graph, cluster, gpus)
@@ -58,15 +56,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if "context_switch" in pred.stages:
         rows.append(("context_switch", "colocated", "-", pred.stages["context_switch"]))
     if args.json:
-        print(json.dumps({
+        print_json({
             "cluster": cluster.name, "gpus": gpus, "step_s": pred.step_s if pred.fits else None, "tokens_per_s_per_gpu": pred.tokens_per_s_per_gpu,
-            "fits": pred.fits, "bottleneck": pred.bottleneck, "cost_usd_per_step": _usd(cluster, gpus, pred.step_s),
+            "fits": pred.fits, "bottleneck": pred.bottleneck, "cost_usd_per_step": cluster.usd(gpus, pred.step_s) if pred.fits else None,
             "stages": [{"stage": n, "devices": w, "layout": lay, "seconds": c.seconds if c.fits else None,
                         "parts": {k: v for k, v in c.parts if v < float("inf")},
-                        "peak_memory_gb": c.peak_memory_bytes / 1e9, "fits": c.fits} for n, w, lay, c in rows]},
-            indent=1))
+                        "peak_memory_gb": c.peak_memory_bytes / 1e9, "fits": c.fits} for n, w, lay, c in rows]})
         return 0 if pred.fits else 3
-    print(_header(graph, spec))
+    print(header(graph, spec))
     print(f"cluster: {cluster.name}, {gpus} x {cluster.device.name}; layout from {planned_by}")
     total = sum(c.seconds for *_, c in rows if c.fits) or 1.0
     body = []
@@ -82,7 +79,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if pred.fits:
         print(f"\nstep time: {pred.step_s:.2f} s  ({pred.tokens_per_s_per_gpu:,.0f} tokens/s/GPU; bottleneck: "
               f"{pred.bottleneck})")
-    usd = _usd(cluster, gpus, pred.step_s) if pred.fits else 0.0
+    usd = cluster.usd(gpus, pred.step_s) if pred.fits else 0.0
     if usd:
         print(f"cost: ${usd:.2f} per step at ${cluster.gpu_hour_usd:g} per GPU-hour")
     if not pred.fits:
@@ -95,32 +92,41 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def _usd(cluster, gpus: int, step_s: float) -> float:
-    return cluster.gpu_hour_usd * gpus * step_s / 3600 if cluster.gpu_hour_usd else 0.0
-
-
 def cmd_validate(args: argparse.Namespace) -> int:
-    from rpeg.validation import summary, validate_file
+    from rpeg.perf.validation import summary, validate_file
 
     results = validate_file(args.file)
     mapes = summary(results)
+    unfit = [r.id for r in results if not r.fits]
     if args.json:
-        print(json.dumps({"entries": [{"id": r.id, "kind": r.kind, "predicted": r.predicted, "measured": r.measured,
-                                       "error": r.error, "parts": dict(r.parts)} for r in results],
-                          "mape": mapes["all"], "mape_by_kind": {k: v for k, v in mapes.items() if k != "all"}},
-                         indent=1))
-        return 0
+        print_json({"entries": [{"id": r.id, "kind": r.kind, "predicted": r.predicted if r.fits else None,
+                                 "measured": r.measured, "error": r.error, "fits": r.fits, "parts": dict(r.parts)}
+                                for r in results],
+                    "mape": mapes["all"], "mape_by_kind": {k: v for k, v in mapes.items() if k != "all"},
+                    "not_fitting": unfit})
+        return 3 if unfit else 0
     body = []
     for r in results:
-        top = sorted(r.parts, key=lambda kv: -kv[1])[:4]
-        body.append([r.id, r.kind, f"{r.predicted:.2f}", f"{r.measured:.2f}", f"{100 * r.error:+.1f}%",
+        top = sorted(r.parts, key=lambda kv: -kv[1])[:4] if r.fits else []  # an OOM entry: which stages
+        body.append([r.id, r.kind, f"{r.predicted:.2f}" if r.fits else "does not fit", f"{r.measured:.2f}",
+                     f"{100 * r.error:+.1f}%" if r.fits else "-",
                      ", ".join(f"{k} {v:.1f}" for k, v in top) + (f"  [{r.note}]" if r.note else "")])
     print(table(["entry", "kind", "predicted s", "measured s", "error", "largest parts (s)"], body, right=[2, 3, 4]))
     print()
     for kind, value in mapes.items():
         label = "all entries" if kind == "all" else f"{kind} entries"
-        worst = max((abs(r.error) for r in results if kind == "all" or r.kind == kind), default=0.0)
-        print(f"mean absolute percentage error, {label}: {100 * value:.1f}% (worst {100 * worst:.1f}%)")
+        fitting = [r for r in results if r.fits and (kind == "all" or r.kind == kind)]
+        if value is None:
+            print(f"mean absolute percentage error, {label}: none predicted to fit")
+            continue
+        worst = max(abs(r.error) for r in fitting)
+        print(f"mean absolute percentage error, {label}: {100 * value:.1f}% (worst {100 * worst:.1f}%)"
+              + (f", over the {len(fitting)} that fit" if len(fitting) < sum(
+                  1 for r in results if kind == "all" or r.kind == kind) else ""))
+    if unfit:
+        print(f"\nDOES NOT FIT: the model predicts {len(unfit)} measured run(s) out of memory ({', '.join(unfit)}): "
+              "the memory model, or the entry, is wrong there")
+        return 3
     return 0
 
 
@@ -152,12 +158,14 @@ def cmd_hardware(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from rpeg.hardware.calibrate import cache_path, calibrate
+    from rpeg.hardware.calibrate import calibrate
+    from rpeg.hardware.loader import cpu_local_path, load_cpu_local
 
-    dev = calibrate(args.out)
+    path = args.out or cpu_local_path()
+    if args.if_missing and os.path.isfile(path):
+        dev, what = load_cpu_local(path), "measured before; read from"
+    else:
+        dev, what = calibrate(path, args.seconds), "written to"
     print(f"cpu-local: {dev.bf16_flop_per_s / 1e9:.1f} GFLOP/s matmul, {dev.hbm_bandwidth_bytes_per_s / 1e9:.1f} GB/s "
-          f"memory, {dev.hbm_capacity_bytes / 1e9:.1f} GB; written to {args.out or cache_path()}")
+          f"memory, {dev.hbm_capacity_bytes / 1e9:.1f} GB; {what} {path}")
     return 0
-
-
-__all__ = ["add_parsers"]

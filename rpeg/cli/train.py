@@ -8,7 +8,7 @@ import os
 from rpeg.errors import RpegError
 
 
-def add_parser(sub) -> None:
+def add_parsers(sub) -> None:
     tr = sub.add_parser("train", help="train with RL on Ray + PyTorch (the job's runtime section)")
     tr.add_argument("job", metavar="JOB.yaml", help="a job file with a runtime section")
     tr.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the output folder")
@@ -23,29 +23,10 @@ def add_parser(sub) -> None:
     tr.set_defaults(fn=cmd_train)
 
 
-def runnable_plan(graph, cluster, gpus: int):
-    """The fastest plan the runtime can honour: data parallelism only, whole batches, no streaming."""
-    from rpeg.search import LayoutOptions, SpaceOptions, search
-
-    options = LayoutOptions(train_tp=(1,), train_pp=(1,), train_cp=(1,), zero=(3,), infer_zero=(0,), gen_tp=(1,),
-                            expert_parallel=False, sequence_parallel=False)
-    space = SpaceOptions(share=False, fuse=True, stream=False, placements=("colocated", "split"))
-    result = search(graph, cluster, gpus, max_staleness=1, options=options, space=space, budget=200)
-    for cand in result.ranked:
-        from rpeg.runtime.plan_check import check_plan
-
-        try:
-            check_plan(cand.graph)
-            return cand
-        except RpegError:
-            continue
-    raise RpegError("no plan the runtime can run was found for this job on this machine")
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     from rpeg.graph.serde import from_data
-    from rpeg.hardware import load_cluster
     from rpeg.runtime.config import RuntimeConfig
+    from rpeg.runtime.plan_check import runnable_plan
     from rpeg.runtime.run import run
     from rpeg.spec import load_spec
 
@@ -59,10 +40,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     rt = rt.replace(**changes)
     graph = spec.graph()
     if not graph.groups:
-        cluster = load_cluster(spec.cluster or "cpu-local", spec.gpus or 1)
-        cand = runnable_plan(graph, cluster, spec.gpus or 1)
+        _, cluster, gpus = spec.cluster_and_gpus(default="cpu-local")
+        cand = runnable_plan(graph, cluster, gpus)
         graph = cand.graph
-        print(f"plan for {cluster.name} x {spec.gpus or 1}: {cand.name} (predicted {cand.step_s:.2f} s per step)")
+        print(f"plan for {cluster.name} x {gpus}: {cand.name} (predicted {cand.step_s:.2f} s per step)")
     result = run(graph, rt, resume=args.resume, progress=not args.no_progress)
     last = result.metrics[-1] if result.metrics else {}
     b, a = result.accuracy_before, result.accuracy_after

@@ -1,8 +1,13 @@
-"""Check the performance model against published measurements (`rpeg validate FILE.yaml`).
+"""The performance model against published measurements (`rpeg validate FILE.yaml`).
 
 Reads any file of the schema of shared/validation/published.yaml: `models` (ModelSpec fields),
 `training` entries (Megatron-LM iterations) and `rl` entries (whole RL steps), predicts each with
-the one global set of efficiency factors, and reports predicted vs measured.
+the one global set of efficiency factors, and reports predicted vs measured. It lives beside the
+model it checks; unlike the cost functions it reads a file, and it builds each RL entry's plan
+with the algorithm builders and passes (upstream of perf), never with the search.
+
+An entry the model predicts not to fit in memory has no error (a run that did run was predicted
+impossible: a memory-model error, reported by name); mean errors are over the entries that fit.
 
 Assumptions the schema leaves open, the same for every entry:
 - Megatron-LM 2022 training entries ran unfused attention (their Table 5 predates FlashAttention
@@ -21,12 +26,11 @@ from typing import Any
 
 from rpeg.algorithms import Models, build_graph
 from rpeg.errors import RpegError
-from rpeg.graph.bounds import problem
 from rpeg.graph import Job, LengthDistribution, ModelSpec, ParallelLayout, get_model
+from rpeg.graph.bounds import problem
 from rpeg.graph.serde import from_data, read_yaml_file
 from rpeg.hardware import load_cluster
 from rpeg.passes import bound_asynchrony, parallelize, place
-from rpeg.perf.cost import StageCost
 from rpeg.perf.efficiency import Factor
 from rpeg.perf.step import predict_step
 from rpeg.perf.training import PassWorkload, pass_cost
@@ -38,6 +42,8 @@ RESPONSE_SIGMA = Factor(0.8, "log-normal shape of reasoning-response lengths: th
 
 NEMO_RL_KL = Factor(0.01, "NeMo-RL's GRPO default reference_policy_kl_penalty (grpo_math_1B.yaml): a reference "
                           "logprob pass every step")
+NEMO_RL_ZERO = Factor(1, "NeMo-RL's Megatron policy uses the distributed optimizer (use_distributed_optimizer: "
+                         "true in its Megatron configs): optimizer state sharded over data parallelism, ZeRO-1")
 
 TRAIN_KEYS = {"id", "system", "model", "gpus", "tp", "pp", "dp", "cp", "ep", "global_batch", "micro_batch", "seq",
               "recompute", "pp_interleave", "measured_iteration_s", "sequence_parallel", "notes", "source"}
@@ -50,14 +56,19 @@ RL_KEYS = {"id", "system", "model", "gpus", "gpus_per_node", "gen_gpus", "prompt
 class Result:
     id: str
     kind: str  # training | rl
-    predicted: float
+    predicted: float  # seconds; inf when the model predicts the entry does not fit in memory
     measured: float
     parts: tuple[tuple[str, float], ...]
     note: str = ""
 
     @property
-    def error(self) -> float:
-        return (self.predicted - self.measured) / self.measured
+    def fits(self) -> bool:
+        return math.isfinite(self.predicted)
+
+    @property
+    def error(self) -> float | None:
+        """(predicted - measured) / measured; None when the model says the entry does not fit."""
+        return (self.predicted - self.measured) / self.measured if self.fits else None
 
 
 def _models(data: Any, source: str) -> dict[str, ModelSpec]:
@@ -133,7 +144,22 @@ def predict_training(entry: dict, models: dict[str, ModelSpec], where: str) -> R
                   cost.parts)
 
 
-def rl_graph(entry: dict, models: dict[str, ModelSpec], where: str):
+@dataclass(frozen=True, slots=True)
+class NemoRlRun:
+    """One published NeMo-RL GRPO run, as its config states it."""
+    model: ModelSpec
+    system: str  # cluster preset
+    gpus: int
+    job: Job
+    algorithm: str
+    async_bound: int  # grpo.async_grpo.max_trajectory_age_steps (0: synchronous)
+    colocated: bool  # policy.generation.colocated.enabled
+    gen_gpus: int  # colocated.resources when not colocated (else all gpus)
+    generation: dict[str, int]  # vllm_cfg: tp, pp, ep
+    training: dict[str, Any]  # megatron_cfg: tp, pp, cp, ep, sequence_parallel, recompute
+
+
+def read_rl_entry(entry: dict, models: dict[str, ModelSpec], where: str) -> NemoRlRun:
     _check_keys(entry, RL_KEYS, where)
     spec = _model(_need(entry, "model", where, str), models)
     gpus = _need(entry, "gpus", where)
@@ -152,43 +178,65 @@ def rl_graph(entry: dict, models: dict[str, ModelSpec], where: str):
                                   sigma=RESPONSE_SIGMA.value)
     job = Job(prompts=prompts, samples_per_prompt=samples, prompt_len=int(prompt), response=response,
               ppo_epochs=1, mini_batches=sequences // tgb)
-    g = build_graph(entry.get("algorithm", "grpo"), job, Models(actor=spec), kl_coef=NEMO_RL_KL.value)
     k = entry.get("async_bound", 0)
     if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 64:
         raise RpegError(f"{where}.async_bound: expected an integer in [0, 64], got {k!r}")
-    g = bound_asynchrony(g, k)
     colocated = entry.get("colocated", k == 0)
     gen, train = entry.get("generation") or {}, entry.get("training") or {}
     for name, part in (("generation", gen), ("training", train)):
         if not isinstance(part, dict):
             raise RpegError(f"{where}.{name}: expected a mapping (tp, pp, ...), got {part!r}")
     if colocated:
+        gen_gpus = gpus
+    else:
+        gen_gpus = _need(entry, "gen_gpus", where)
+        if gpus - gen_gpus <= 0:
+            raise RpegError(f"{where}: gen_gpus = {gen_gpus} leaves no training devices of {gpus}")
+    generation = {k: _get(gen, k, f"{where}.generation", 1) for k in ("tp", "pp", "ep")}
+    training = {k: _get(train, k, f"{where}.training", 1) for k in ("tp", "pp", "cp", "ep")}
+    training["sequence_parallel"] = bool(train.get("sequence_parallel", False))
+    training["recompute"] = train.get("recompute", "none")
+    return NemoRlRun(model=spec, system=_need(entry, "system", where, str), gpus=gpus, job=job,
+                     algorithm=entry.get("algorithm", "grpo"), async_bound=k, colocated=bool(colocated),
+                     gen_gpus=gen_gpus, generation=generation, training=training)
+
+
+def nemo_rl_plan(run: NemoRlRun, where: str):
+    """NeMo-RL's plan of a GRPO step with the run's own layout: generation, policy and reference
+    logprobs, training (Megatron, ZeRO-1), refit; colocated, or generation on `gen_gpus` devices."""
+    spec = run.model
+    g = build_graph(run.algorithm, run.job, Models(actor=spec), kl_coef=NEMO_RL_KL.value)
+    g = bound_asynchrony(g, run.async_bound)
+    gpus = run.gpus
+    if run.colocated:
         groups, gen_gpus, train_gpus = {"all": gpus}, gpus, gpus
         assign = {s.name: "all" for s in g.stages if s.group is None and s.kind.value != "sync"}
     else:
-        gen_gpus = _need(entry, "gen_gpus", where)
-        train_gpus = gpus - gen_gpus
-        if train_gpus <= 0:
-            raise RpegError(f"{where}: gen_gpus = {gen_gpus} leaves no training devices of {gpus}")
+        gen_gpus, train_gpus = run.gen_gpus, gpus - run.gen_gpus
         groups = {"generation": gen_gpus, "training": train_gpus}
         assign = {s.name: ("generation" if s.kind.value == "generate" else "training")
                   for s in g.stages if s.kind.value != "sync"}
     g = place(g, groups, assign)
-    gtp, gpp, gep = (_get(gen, k, f"{where}.generation", 1) for k in ("tp", "pp", "ep"))
+    gtp, gpp, gep = (run.generation[k] for k in ("tp", "pp", "ep"))
     if gen_gpus % (gtp * gpp):
         raise RpegError(f"{where}: generation tp*pp = {gtp}*{gpp} does not divide its {gen_gpus} devices")
     g = parallelize(g, "generate", dp=gen_gpus // (gtp * gpp), tp=gtp, pp=gpp, ep=gep, pp_uneven=bool(spec.layers % gpp))
-    ttp, tpp, tcp, tep = (_get(train, k, f"{where}.training", 1) for k in ("tp", "pp", "cp", "ep"))
+    ttp, tpp, tcp, tep = (run.training[k] for k in ("tp", "pp", "cp", "ep"))
     if train_gpus % (ttp * tpp * tcp):
         raise RpegError(f"{where}: training tp*pp*cp = {ttp}*{tpp}*{tcp} does not divide its {train_gpus} devices")
     tdp = train_gpus // (ttp * tpp * tcp)
-    lay = dict(dp=tdp, tp=ttp, pp=tpp, cp=tcp, ep=tep, sequence_parallel=bool(train.get("sequence_parallel", False))
+    lay = dict(dp=tdp, tp=ttp, pp=tpp, cp=tcp, ep=tep, sequence_parallel=run.training["sequence_parallel"]
                and ttp > 1, pp_uneven=bool(spec.layers % tpp))
     for s in g.stages:
         if s.kind.value in ("infer", "train") or (s.kind.value == "reward" and s.model):
-            extra = {"zero": 1, "recompute": train.get("recompute", "none")} if s.kind.value == "train" else {}
+            extra = {"zero": NEMO_RL_ZERO.value, "recompute": run.training["recompute"]} if s.kind.value == "train" else {}
             g = parallelize(g, s.name, **lay, **extra)
-    return g, load_cluster(_need(entry, "system", where, str), gpus)
+    return g, load_cluster(run.system, gpus)
+
+
+def rl_graph(entry: dict, models: dict[str, ModelSpec], where: str):
+    """An `rl` entry's plan and cluster."""
+    return nemo_rl_plan(read_rl_entry(entry, models, where), where)
 
 
 def predict_rl(entry: dict, models: dict[str, ModelSpec], where: str) -> Result:
@@ -232,11 +280,13 @@ def validate_file(path: str, progress=None) -> list[Result]:
     return results
 
 
-def mape(results: list[Result]) -> float:
-    return sum(abs(r.error) for r in results) / len(results) if results else math.nan
+def mape(results: list[Result]) -> float | None:
+    """Mean absolute error over the entries predicted to fit; None when none does."""
+    errors = [abs(r.error) for r in results if r.fits]
+    return sum(errors) / len(errors) if errors else None
 
 
-def summary(results: list[Result]) -> dict[str, float]:
+def summary(results: list[Result]) -> dict[str, float | None]:
     out = {"all": mape(results)}
     for kind in ("training", "rl"):
         sub = [r for r in results if r.kind == kind]
@@ -245,4 +295,5 @@ def summary(results: list[Result]) -> dict[str, float]:
     return out
 
 
-__all__ = ["Result", "StageCost", "mape", "predict_rl", "predict_training", "rl_graph", "summary", "validate_file"]
+__all__ = ["NemoRlRun", "Result", "mape", "nemo_rl_plan", "predict_rl", "predict_training", "read_rl_entry",
+           "rl_graph", "summary", "validate_file"]

@@ -1,0 +1,27 @@
+"""Every test process reads cpu-local from a calibration of its own, never the user's ~/.cache:
+loading cpu-local only reads `rpeg calibrate`'s file, so the session measures one first (a short
+budget: no test depends on the figures' precision). A test that sets RPEG_CACHE_DIR itself
+(monkeypatch) still sees only its own folder."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cpu_local_calibration():
+    from rpeg.hardware.calibrate import calibrate
+    from rpeg.hardware.loader import CACHE_ENV, cpu_local_path
+
+    before = os.environ.get(CACHE_ENV)
+    with tempfile.TemporaryDirectory(prefix="rpeg-test-cache-") as folder:
+        os.environ[CACHE_ENV] = folder  # subprocesses (rpeg train, the kill/resume test) inherit it
+        calibrate(cpu_local_path(), seconds=0.2)
+        yield folder
+        if before is None:
+            del os.environ[CACHE_ENV]
+        else:
+            os.environ[CACHE_ENV] = before
