@@ -59,3 +59,49 @@ def test_an_entry_predicted_not_to_fit_is_named_and_left_out_of_the_mean(tmp_pat
     assert fits["fits"] and math.isfinite(fits["error"]) and data["mape"] == abs(fits["error"])
     assert (big["fits"], big["predicted"], big["error"]) == (False, None, None)
     assert data["not_fitting"] == ["too-big"]
+
+
+STAGES = "measured: {step_s: 10, stages_s: {generation: 5, logprobs: 2, training: 2, refit: 0.5, other: 0.5}}"
+
+
+@pytest.mark.parametrize("stages, needle", [
+    ("stages_s: {generation: -5}", "(r-gb200).measured.stages_s.generation: generation = -5 must be >= 0"),
+    ("stages_s: {generation: .nan}", "stages_s.generation: generation = nan must be a finite number"),
+    ("stages_s: {generation: fast}", "stages_s.generation: expected a number of seconds, got 'fast'"),
+    ("stages_s: {gen: 5}", "stages_s: unknown stage 'gen' (known: generation, logprobs, training, refit, other)"),
+    ("stages_s: 5", "stages_s: expected a mapping of generation, logprobs"),
+    ("stages_s: {}", "stages_s: expected a mapping"),
+    ("stage_s: {generation: 5}", "(r-gb200).measured: unknown key 'stage_s'"),
+])
+def test_bad_stage_times_are_one_line(tmp_path, capsys, stages, needle):
+    f = tmp_path / "bad.yaml"
+    f.write_text(SCHEMA.replace("measured: {step_s: 10,", "measured: {step_s: 10, " + stages + ",", 1))
+    assert main(["validate", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_stage_times_are_predicted_and_scored(tmp_path, capsys):
+    import json
+
+    from rpeg.perf.validation import STAGES_S, stage_mapes, validate_file
+
+    f = tmp_path / "stages.yaml"
+    f.write_text(SCHEMA.replace("measured: {step_s: 10, tokens_per_s_per_gpu: 100}", STAGES, 1))
+    results = validate_file(str(f))
+    r = next(r for r in results if r.id == "r-gb200")
+    assert [s.stage for s in r.stages] == list(STAGES_S)
+    split = {s.stage: s.predicted for s in r.stages}
+    assert all(v >= 0 for v in split.values()) and split["generation"] > 0 and split["training"] > 0
+    assert sum(split.values()) == pytest.approx(r.predicted, rel=1e-9)  # synchronous, colocated: the stages add up
+    mapes = stage_mapes(results)
+    assert mapes["generation"] == pytest.approx(abs(split["generation"] - 5) / 5)
+    assert mapes["all"] == pytest.approx(sum(abs(split[k] - m) / m for k, m in
+                                             (("generation", 5), ("logprobs", 2), ("training", 2), ("refit", 0.5))) / 4)
+    assert main(["validate", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "per stage, predicted / measured seconds" in out and "stages (generation, logprobs, training, refit)" in out
+    assert main(["validate", str(f), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    entry = next(e for e in data["entries"] if e["id"] == "r-gb200")
+    assert entry["stages"]["refit"]["measured"] == 0.5 and data["mape_by_stage"]["all"] == pytest.approx(mapes["all"])

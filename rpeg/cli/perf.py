@@ -93,17 +93,26 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from rpeg.perf.validation import summary, validate_file
+    from rpeg.perf.validation import stage_mapes, summary, validate_file
 
     results = validate_file(args.file)
     mapes = summary(results)
+    by_stage = stage_mapes(results)
     unfit = [r.id for r in results if not r.fits]
     if args.json:
-        print_json({"entries": [{"id": r.id, "kind": r.kind, "predicted": r.predicted if r.fits else None,
-                                 "measured": r.measured, "error": r.error, "fits": r.fits, "parts": dict(r.parts)}
-                                for r in results],
-                    "mape": mapes["all"], "mape_by_kind": {k: v for k, v in mapes.items() if k != "all"},
-                    "not_fitting": unfit})
+        entries = []
+        for r in results:
+            e = {"id": r.id, "kind": r.kind, "predicted": r.predicted if r.fits else None, "measured": r.measured,
+                 "error": r.error, "fits": r.fits, "parts": dict(r.parts)}
+            if r.stages:
+                e["stages"] = {s.stage: {"predicted": s.predicted, "measured": s.measured, "error": s.error}
+                               for s in r.stages}
+            entries.append(e)
+        data = {"entries": entries, "mape": mapes["all"],
+                "mape_by_kind": {k: v for k, v in mapes.items() if k != "all"}, "not_fitting": unfit}
+        if by_stage:
+            data["mape_by_stage"] = by_stage
+        print_json(data)
         return 3 if unfit else 0
     body = []
     for r in results:
@@ -123,11 +132,46 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"mean absolute percentage error, {label}: {100 * value:.1f}% (worst {100 * worst:.1f}%)"
               + (f", over the {len(fitting)} that fit" if len(fitting) < sum(
                   1 for r in results if kind == "all" or r.kind == kind) else ""))
+    if by_stage:
+        _print_stages(results, by_stage)
     if unfit:
         print(f"\nDOES NOT FIT: the model predicts {len(unfit)} measured run(s) out of memory ({', '.join(unfit)}): "
               "the memory model, or the entry, is wrong there")
         return 3
     return 0
+
+
+def _print_stages(results, by_stage) -> None:
+    """Predicted against measured for each stage an entry's measurement splits out."""
+    from rpeg.perf.validation import SCORED_STAGES, STAGES_S
+
+    shown = [k for k in STAGES_S if any(s.stage == k for r in results for s in r.stages)]
+    body = []
+    for r in results:
+        if not r.stages:
+            continue
+        given = {s.stage: s for s in r.stages}
+        row = [r.id]
+        for k in shown:
+            s = given.get(k)
+            if s is None:
+                row.append("")
+            elif not r.fits:
+                row.append(f"- / {s.measured:g}")
+            else:
+                row.append(f"{s.predicted:.1f} / {s.measured:g}" + (f" ({100 * s.error:+.0f}%)" if s.error is not None
+                                                                    else ""))
+        body.append(row)
+    print("\nper stage, predicted / measured seconds (error)")
+    print(table(["entry", *shown], body, right=list(range(1, len(shown) + 1))))
+    print()
+    for k in shown:
+        if by_stage.get(k) is not None:
+            note = "" if k in SCORED_STAGES else " (the step's published remainder: not in the stage mean)"
+            print(f"mean absolute percentage error, {k}: {100 * by_stage[k]:.1f}%{note}")
+    if by_stage.get("all") is not None:
+        print(f"mean absolute percentage error, stages ({', '.join(k for k in SCORED_STAGES if k in by_stage)}): "
+              f"{100 * by_stage['all']:.1f}%")
 
 
 def cmd_hardware(args: argparse.Namespace) -> int:

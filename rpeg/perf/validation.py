@@ -26,14 +26,15 @@ from typing import Any
 
 from rpeg.algorithms import Models, build_graph
 from rpeg.errors import RpegError
-from rpeg.graph import Job, LengthDistribution, ModelSpec, ParallelLayout, get_model
+from rpeg.graph import Job, Kind, LengthDistribution, ModelSpec, ParallelLayout, get_model
 from rpeg.graph.bounds import problem
 from rpeg.graph.serde import from_data, read_yaml_file
 from rpeg.hardware import load_cluster
 from rpeg.passes import bound_asynchrony, parallelize, place
 from rpeg.perf.efficiency import Factor
-from rpeg.perf.step import predict_step
+from rpeg.perf.step import SWITCH, predict_step
 from rpeg.perf.training import PassWorkload, pass_cost
+from rpeg.perf.weightsync import ENGINE_SLEEP, ENGINE_WAKE, OFFLOAD_TRAINER, RELOAD_TRAINER
 
 PROMPT_TOKENS = Factor(150, "OpenMathInstruct-2 problems (GSM8K/MATH-style statements of ~100 words) plus a chat "
                             "template: about 150 tokens")
@@ -52,6 +53,30 @@ RL_KEYS = {"id", "system", "model", "gpus", "gpus_per_node", "gen_gpus", "prompt
            "measured", "notes", "source", "algorithm", "prompt_len"}
 
 
+# `measured.stages_s` of an rl entry: NeMo-RL's step timers (nemo_rl/algorithms/grpo.py):
+# generation = "generation" (vLLM generate, then its sleep: finish_generation), logprobs =
+# "policy_and_reference_logprobs", training = "policy_training", refit =
+# "prepare_for_generation/total" (optimizer offload, vLLM wake, weight transfer), other = the rest
+# of the step (data processing, rewards, advantages, "training_prep" reloading the optimizer,
+# "logprob_inference_prep").
+STAGES_S = ("generation", "logprobs", "training", "refit", "other")
+SCORED_STAGES = STAGES_S[:4]  # `other` is what the publication leaves over: a remainder, not a timer
+MEASURED_KEYS = {"step_s", "tokens_per_s_per_gpu", "stages_s"}
+_BY_KIND = {Kind.GENERATE: "generation", Kind.INFER: "logprobs", Kind.TRAIN: "training", Kind.SYNC: "refit"}
+_SWITCH_MOVES = {OFFLOAD_TRAINER: "refit", ENGINE_WAKE: "refit", ENGINE_SLEEP: "generation", RELOAD_TRAINER: "other"}
+
+
+@dataclass(frozen=True, slots=True)
+class StageResult:
+    stage: str  # one of STAGES_S
+    predicted: float
+    measured: float
+
+    @property
+    def error(self) -> float | None:
+        return (self.predicted - self.measured) / self.measured if self.measured > 0 else None
+
+
 @dataclass(frozen=True, slots=True)
 class Result:
     id: str
@@ -60,6 +85,7 @@ class Result:
     measured: float
     parts: tuple[tuple[str, float], ...]
     note: str = ""
+    stages: tuple[StageResult, ...] = ()  # the stages the entry's measurement splits out
 
     @property
     def fits(self) -> bool:
@@ -245,10 +271,51 @@ def predict_rl(entry: dict, models: dict[str, ModelSpec], where: str) -> Result:
     measured = entry.get("measured") or {}
     if not isinstance(measured, dict) or "step_s" not in measured:
         raise RpegError(f"{where}.measured.step_s: expected a number")
+    _check_keys(measured, MEASURED_KEYS, f"{where}.measured")
     step = _value(measured, "step_s", f"{where}.measured", float)
     parts = tuple((name, c.seconds) for name, c in pred.stages.items() if c.seconds > 0)
     note = "" if pred.fits else "OOM: " + ", ".join(c.stage for c in pred.oom)
-    return Result(entry["id"], "rl", pred.step_s, float(step), parts, note)
+    stages = ()
+    if "stages_s" in measured:
+        given = _stages_s(measured["stages_s"], f"{where}.measured.stages_s")
+        split = stage_split(g, pred) if pred.fits else {}
+        stages = tuple(StageResult(k, split.get(k, math.inf), v) for k, v in given.items())
+    return Result(entry["id"], "rl", pred.step_s, float(step), parts, note, stages)
+
+
+def _stages_s(data: Any, where: str) -> dict[str, float]:
+    if not isinstance(data, dict) or not data:
+        raise RpegError(f"{where}: expected a mapping of {', '.join(STAGES_S)} to seconds, got {data!r:.80}")
+    out = {}
+    for key in STAGES_S:  # in this order, whatever the file's
+        if key not in data:
+            continue
+        value = data[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RpegError(f"{where}.{key}: expected a number of seconds, got {value!r:.80}")
+        bad = problem(key, value, minimum=0)
+        if bad:
+            raise RpegError(f"{where}.{key}: {bad}")
+        out[key] = float(value)
+    unknown = sorted(set(data) - set(STAGES_S), key=str)
+    if unknown:
+        raise RpegError(f"{where}: unknown stage {unknown[0]!r} (known: {', '.join(STAGES_S)})")
+    return out
+
+
+def stage_split(graph, pred) -> dict[str, float]:
+    """The predicted step split the way NeMo-RL's timers split it (STAGES_S): each stage by its
+    kind; the colocated context switch by its moves (the optimizer offload and the engine's wake
+    are timed in refit, its sleep in generation, the optimizer reload in training_prep)."""
+    out = dict.fromkeys(STAGES_S, 0.0)
+    kinds = {s.name: s.kind for s in graph.stages}
+    for name, cost in pred.stages.items():
+        if name == SWITCH:
+            for move, seconds in cost.parts:
+                out[_SWITCH_MOVES[move]] += seconds
+        else:
+            out[_BY_KIND.get(kinds[name], "other")] += cost.seconds
+    return out
 
 
 def validate_file(path: str, progress=None) -> list[Result]:
@@ -280,6 +347,21 @@ def validate_file(path: str, progress=None) -> list[Result]:
     return results
 
 
+def stage_mapes(results: list[Result]) -> dict[str, float | None]:
+    """Mean absolute error of each measured stage over the entries that give it and fit, and of
+    the scored stages together (`all`); `other`, a remainder, is reported but not in `all`."""
+    errors: dict[str, list[float]] = {}
+    for r in results:
+        for s in r.stages:
+            if r.fits and s.error is not None:
+                errors.setdefault(s.stage, []).append(abs(s.error))
+    out: dict[str, float | None] = {k: sum(v) / len(v) for k in STAGES_S if (v := errors.get(k))}
+    scored = [e for k in SCORED_STAGES for e in errors.get(k, [])]
+    if scored:
+        out["all"] = sum(scored) / len(scored)
+    return out
+
+
 def mape(results: list[Result]) -> float | None:
     """Mean absolute error over the entries predicted to fit; None when none does."""
     errors = [abs(r.error) for r in results if r.fits]
@@ -295,5 +377,5 @@ def summary(results: list[Result]) -> dict[str, float | None]:
     return out
 
 
-__all__ = ["NemoRlRun", "Result", "mape", "nemo_rl_plan", "predict_rl", "predict_training", "read_rl_entry",
+__all__ = ["STAGES_S", "NemoRlRun", "Result", "StageResult", "mape", "stage_mapes", "stage_split", "nemo_rl_plan", "predict_rl", "predict_training", "read_rl_entry",
            "rl_graph", "summary", "validate_file"]

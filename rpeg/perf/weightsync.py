@@ -50,6 +50,13 @@ def weight_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: Par
                      bytes=total * gen.dp, devices=gen.devices, parts=parts)
 
 
+# the four moves of a colocated step's context switch (their own lines in the breakdown)
+OFFLOAD_TRAINER = "offload trainer state"  # before generation
+RELOAD_TRAINER = "reload trainer state"  # before training
+ENGINE_SLEEP = "engine sleep"  # after generation: the engine releases weights and KV cache
+ENGINE_WAKE = "engine wake"  # before generation
+
+
 def context_switch_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: ParallelLayout) -> StageCost:
     """Offload the trainer's state to host before generation and reload it after; the engine
     likewise releases its weights after generation (vLLM's sleep mode) and reloads them."""
@@ -58,7 +65,8 @@ def context_switch_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: 
     state = params * (BF16 + 4) + params * 12 / shard  # weights, fp32 grads, optimizer
     engine = spec.params_total() * BF16 / (gen.tp * gen.pp)
     host = HOST_LINK_BYTES_PER_S.value
-    parts = (("offload and reload trainer state", 2 * state / host), ("engine sleep and wake", 2 * engine / host))
-    seconds = sum(v for _, v in parts)
+    parts = ((OFFLOAD_TRAINER, state / host), (RELOAD_TRAINER, state / host), (ENGINE_SLEEP, engine / host),
+             (ENGINE_WAKE, engine / host))
+    seconds = 2 * state / host + 2 * engine / host
     return StageCost(stage=name, seconds=seconds, memory_s=seconds, bytes=2 * (state + engine) * train.devices,
                      devices=train.devices, parts=parts)

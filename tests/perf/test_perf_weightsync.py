@@ -59,9 +59,11 @@ def test_context_switch_by_hand():
     c = context_switch_cost("switch", spec, Layout(dp=8), Layout(dp=8))
     p = spec.params_total()
     host = HOST_LINK_BYTES_PER_S.value
-    assert c.part("offload and reload trainer state") == pytest.approx(2 * p * (2 + 4 + 12) / host, rel=1e-12)
-    assert c.part("engine sleep and wake") == pytest.approx(2 * p * 2 / host, rel=1e-12)
+    for move in ("offload trainer state", "reload trainer state"):  # each its own line: they land in different
+        assert c.part(move) == pytest.approx(p * (2 + 4 + 12) / host, rel=1e-12)  # timers of the systems
+    for move in ("engine sleep", "engine wake"):
+        assert c.part(move) == pytest.approx(p * 2 / host, rel=1e-12)
     assert c.seconds == pytest.approx(2 * p * 20 / host, rel=1e-12)
     # ZeRO-1 leaves 1/dp of the optimizer state to move
     z1 = context_switch_cost("switch", spec, Layout(dp=8, zero=1), Layout(dp=8))
-    assert z1.part("offload and reload trainer state") == pytest.approx(2 * p * (6 + 12 / 8) / host, rel=1e-12)
+    assert z1.part("offload trainer state") == pytest.approx(p * (6 + 12 / 8) / host, rel=1e-12)
