@@ -3,7 +3,9 @@
 Each of the `dp` engine instances (tp x pp devices) gets its share of the sequences. Their
 response lengths are the job's distribution at evenly spaced quantiles, in an interleaved
 order (a batch is a random mix of short and long answers), so the tail is there: the instance
-runs until its longest response is done, with a shrinking batch at the end.
+runs until its longest response is done, with a shrinking batch at the end. The instance costed
+is the one the step waits for: it holds the longest response of the whole batch (an order
+statistic of all the sequences, not of one engine's share; `critical_lengths`).
 
 The engine admits sequences while fewer than MAX_NUM_SEQS run and their KV cache fits in what
 the weights leave of `gpu_memory_utilization` x HBM; when growing sequences would overflow it,
@@ -55,6 +57,19 @@ def response_lengths(dist: LengthDistribution, n: int) -> list[float]:
     """n lengths at quantiles (i + 0.5) / n, in a low-discrepancy (interleaved) order."""
     qs = sorted(((i * _GOLDEN) % 1.0, i) for i in range(n))
     return [max(1.0, round(dist.quantile((i + 0.5) / n))) for _, i in qs]
+
+
+def critical_lengths(dist: LengthDistribution, n: int, total: float) -> list[float]:
+    """The response lengths of the engine the step waits for: of `total` responses spread over the
+    engines, `n` each, the step ends when the engine holding the longest of all of them is done. Its
+    other responses are typical (quantiles of its own n); its longest is the batch's longest: the
+    median of the maximum of `total` independent lengths, quantile 0.5 ** (1 / total), not the
+    longest of a typical n."""
+    lengths = response_lengths(dist, n)
+    if total > n:
+        top = max(range(n), key=lengths.__getitem__)
+        lengths[top] = max(lengths[top], max(1.0, round(dist.quantile(0.5 ** (1 / total)))))
+    return lengths
 
 
 class _StepModel:
@@ -192,7 +207,7 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
                          memory_parts=(("weights", weights), ("kv_cache", need - weights)), devices=layout.devices,
                          parts=(("does not fit", math.inf),))
     sim_n = min(n, SIM_SEQUENCES)
-    lengths = response_lengths(work.response, sim_n)
+    lengths = critical_lengths(work.response, sim_n, work.sequences)
     sim = simulate_instance(spec, layout, cluster, n=sim_n, prompt=work.prompt_len, lengths=lengths,
                             capacity_tokens=capacity, dtype=work.dtype)
     scale = n / sim_n

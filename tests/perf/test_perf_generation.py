@@ -146,3 +146,28 @@ def test_parts_add_up_to_the_total(dgx, layout, response):
     assert all(v >= 0 for _, v in c.parts)
     assert c.part("decode") > 0 and c.part("prefill") > 0
     assert (c.part("tensor-parallel comm") > 0) == (layout.tp > 1)
+
+
+# ---- the engine the step waits for ------------------------------------------------------------------
+def test_the_critical_engine_holds_the_longest_response_of_the_whole_batch():
+    from rpeg.perf.generation import critical_lengths
+
+    alone = critical_lengths(LOGNORMAL, 64, 64)
+    assert alone == response_lengths(LOGNORMAL, 64)  # one engine: its own quantiles
+    shared = critical_lengths(LOGNORMAL, 64, 64 * 32)
+    assert max(shared) == round(LOGNORMAL.quantile(0.5 ** (1 / (64 * 32)))) > max(alone)
+    assert sorted(shared)[:-1] == sorted(alone)[:-1]  # only the longest changes
+    capped = Dist(kind="lognormal", mean=3000, max=4096, sigma=1.0)
+    assert max(critical_lengths(capped, 64, 64 * 32)) == 4096  # never past the cap
+
+
+def test_the_same_share_per_engine_takes_longer_the_more_engines_share_the_tail(dgx):
+    """32 engines of 64 sequences wait for the longest of 2,048 responses; one engine of 64 for the
+    longest of its 64. Without a tail (fixed lengths) the engine count does not matter."""
+    def run(dist, dp):
+        return generation_cost("g", SMALL, Layout(dp=dp), load_cluster("dgx-h100", dp), GenWorkload(
+            sequences=64 * dp, prompt_len=256, response=dist)).seconds
+
+    assert run(LOGNORMAL, 32) > 1.1 * run(LOGNORMAL, 1)
+    fixed = Dist(kind="fixed", mean=1000, max=1000)
+    assert run(fixed, 32) == pytest.approx(run(fixed, 1), rel=1e-9)
