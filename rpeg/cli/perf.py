@@ -94,8 +94,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from rpeg.perf.validation import stage_mapes, summary, validate_file
+    from rpeg.search.ratios import ratios_file
 
     results = validate_file(args.file)
+    ratios = ratios_file(args.file)
     mapes = summary(results)
     by_stage = stage_mapes(results)
     unfit = [r.id for r in results if not r.fits]
@@ -112,8 +114,27 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 "mape_by_kind": {k: v for k, v in mapes.items() if k != "all"}, "not_fitting": unfit}
         if by_stage:
             data["mape_by_stage"] = by_stage
+        if ratios:
+            data["ratios"] = [{"id": r.id, "faster": r.faster, "slower": r.slower, "published": r.published,
+                               "predicted": r.predicted, "predicted_over_published": r.off_by,
+                               "per_model": [{"model": m, "faster_s": f, "slower_s": s, "ratio": q}
+                                             for m, f, s, q in r.per_model]} for r in ratios]
         print_json(data)
         return 3 if unfit else 0
+    if results:
+        _print_entries(results, mapes)
+    if by_stage:
+        _print_stages(results, by_stage)
+    if ratios:
+        _print_ratios(ratios)
+    if unfit:
+        print(f"\nDOES NOT FIT: the model predicts {len(unfit)} measured run(s) out of memory ({', '.join(unfit)}): "
+              "the memory model, or the entry, is wrong there")
+        return 3
+    return 0
+
+
+def _print_entries(results, mapes) -> None:
     body = []
     for r in results:
         top = sorted(r.parts, key=lambda kv: -kv[1])[:4] if r.fits else []  # an OOM entry: which stages
@@ -132,13 +153,21 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"mean absolute percentage error, {label}: {100 * value:.1f}% (worst {100 * worst:.1f}%)"
               + (f", over the {len(fitting)} that fit" if len(fitting) < sum(
                   1 for r in results if kind == "all" or r.kind == kind) else ""))
-    if by_stage:
-        _print_stages(results, by_stage)
-    if unfit:
-        print(f"\nDOES NOT FIT: the model predicts {len(unfit)} measured run(s) out of memory ({', '.join(unfit)}): "
-              "the memory model, or the entry, is wrong there")
-        return 3
-    return 0
+
+
+def _print_ratios(ratios) -> None:
+    """Predicted against published step-time ratios between two systems' plans."""
+    body = []
+    for r in ratios:
+        sizes = "; ".join(f"{m} {q:.2f}x" if q is not None else f"{m} does not fit" for m, _, _, q in r.per_model)
+        body.append([r.id, f"{r.slower} / {r.faster}", f"{r.published:.2f}x",
+                     f"{r.predicted:.2f}x" if r.predicted is not None else "does not fit",
+                     f"{r.off_by:.2f}" if r.off_by is not None else "-", sizes if len(r.per_model) > 1 else ""])
+    print("\nstep-time ratios between systems: published against predicted (plans as `rpeg plan` builds the peers')")
+    print(table(["entry", "slower / faster", "published", "predicted", "predicted/published", "per model"], body,
+                right=[2, 3, 4]))
+    ok = sum(1 for r in ratios if r.off_by is not None and 0.75 <= r.off_by <= 1.33)
+    print(f"\nwithin 0.75-1.33x of the published ratio: {ok} of {len(ratios)}")
 
 
 def _print_stages(results, by_stage) -> None:

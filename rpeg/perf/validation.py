@@ -321,10 +321,10 @@ def stage_split(graph, pred) -> dict[str, float]:
 def validate_file(path: str, progress=None) -> list[Result]:
     data = read_yaml_file(path)
     if not isinstance(data, dict):
-        raise RpegError(f"{path}: expected a mapping with models, training and rl")
-    unknown = sorted(set(data) - {"models", "training", "rl"})
-    if unknown:
-        raise RpegError(f"{path}: unknown top-level key {unknown[0]!r} (models, training, rl)")
+        raise RpegError(f"{path}: expected a mapping with models, training, rl and ratios")
+    unknown = sorted(set(data) - {"models", "training", "rl", "ratios"}, key=str)
+    if unknown:  # `ratios` (comparisons between systems) are read by rpeg.search.ratios
+        raise RpegError(f"{path}: unknown top-level key {unknown[0]!r} (models, training, rl, ratios)")
     models = _models(data.get("models"), path)
     for kind in ("training", "rl"):
         if data.get(kind) is not None and not isinstance(data[kind], list):
