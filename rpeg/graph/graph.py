@@ -35,6 +35,9 @@ class WeightEdge:
     distance: int
 
 
+
+REFIT_GATHERS = ("shard", "full")  # passes/refit.py says what each means
+
 @dataclass(frozen=True, kw_only=True)
 class Graph:
     algorithm: str
@@ -46,6 +49,7 @@ class Graph:
     inputs: tuple[str, ...] = ("prompt_ids",)
     outputs: tuple[str, ...] = ()
     async_bound: int = 0
+    refit_gather: str = "shard"  # how a colocated weight sync assembles the engine's weights (passes/refit.py)
     fusion: tuple[tuple[str, ...], ...] = ()
     streams: tuple[Stream, ...] = ()
     groups: tuple[DeviceGroup, ...] = ()

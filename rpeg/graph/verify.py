@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rpeg.errors import RpegError
-from rpeg.graph.graph import Graph
+from rpeg.graph.graph import REFIT_GATHERS, Graph
 from rpeg.graph.nodes import DIMS, DTYPE_BYTES, MODEL_KINDS, Kind, Stage, Stream
 
 
@@ -131,6 +131,9 @@ def _models(g: Graph) -> list[Violation]:
 
 def _weights(g: Graph) -> list[Violation]:
     out = []
+    if g.refit_gather not in REFIT_GATHERS:
+        out.append(Violation("refit-gather", f"refit gather {g.refit_gather!r} must be one of "
+                                             f"{', '.join(REFIT_GATHERS)}"))
     if g.async_bound < 0:
         out.append(Violation("async-bound", f"async bound k = {g.async_bound} must be >= 0"))
     trained: dict[str, list[str]] = {}

@@ -5,8 +5,9 @@ from rpeg.passes.fusion import fuse
 from rpeg.passes.parallelize import parallelize
 from rpeg.passes.pipeline import PASSES, PassCall, PassPipeline
 from rpeg.passes.placement import colocate, place
+from rpeg.passes.refit import refit
 from rpeg.passes.sharing import share_actor_critic
 from rpeg.passes.streaming import stream, unstreamable
 
 __all__ = ["PASSES", "PassCall", "PassPipeline", "bound_asynchrony", "colocate", "fuse", "parallelize", "place",
-           "share_actor_critic", "stream", "unstreamable"]
+           "refit", "share_actor_critic", "stream", "unstreamable"]

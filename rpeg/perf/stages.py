@@ -72,4 +72,5 @@ def _sync_cost(graph: Graph, stage: Stage, cluster: Cluster) -> StageCost:
     tg, gg = graph.group(train.group), graph.group(gen.group)
     colocated = tg.overlaps(gg)
     return weight_sync_cost(stage.name, graph.model(stage.model).spec, train.layout, gen.layout, cluster,
-                            colocated=colocated, separation=0 if colocated else abs(gg.first - tg.first))
+                            colocated=colocated, separation=0 if colocated else abs(gg.first - tg.first),
+                            gather=graph.refit_gather)

@@ -30,7 +30,7 @@ from rpeg.graph import Job, Kind, LengthDistribution, ModelSpec, ParallelLayout,
 from rpeg.graph.bounds import problem
 from rpeg.graph.serde import from_data, read_yaml_file
 from rpeg.hardware import load_cluster
-from rpeg.passes import bound_asynchrony, parallelize, place
+from rpeg.passes import bound_asynchrony, parallelize, place, refit
 from rpeg.perf.efficiency import Factor
 from rpeg.perf.step import SWITCH, predict_step
 from rpeg.perf.training import PassWorkload, pass_cost
@@ -229,7 +229,8 @@ def read_rl_entry(entry: dict, models: dict[str, ModelSpec], where: str) -> Nemo
 
 def nemo_rl_plan(run: NemoRlRun, where: str):
     """NeMo-RL's plan of a GRPO step with the run's own layout: generation, policy and reference
-    logprobs, training (Megatron, ZeRO-1), refit; colocated, or generation on `gen_gpus` devices."""
+    logprobs, training (Megatron, ZeRO-1), refit (every tensor gathered in full, as the nemo-rl
+    baseline's); colocated, or generation on `gen_gpus` devices."""
     spec = run.model
     g = build_graph(run.algorithm, run.job, Models(actor=spec), kl_coef=NEMO_RL_KL.value)
     g = bound_asynchrony(g, run.async_bound)
@@ -257,6 +258,7 @@ def nemo_rl_plan(run: NemoRlRun, where: str):
         if s.kind.value in ("infer", "train") or (s.kind.value == "reward" and s.model):
             extra = {"zero": NEMO_RL_ZERO.value, "recompute": run.training["recompute"]} if s.kind.value == "train" else {}
             g = parallelize(g, s.name, **lay, **extra)
+    g = refit(g, "full")  # NeMo-RL's refit gathers every tensor in full (refit_utils.gather_params)
     return g, load_cluster(run.system, gpus)
 
 

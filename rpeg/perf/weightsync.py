@@ -26,14 +26,17 @@ from rpeg.perf.efficiency import HBM, HOST_LINK_BYTES_PER_S, link_efficiency
 
 
 def weight_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: ParallelLayout, cluster: Cluster, *,
-                     colocated: bool, separation: int) -> StageCost:
-    """`separation`: device-id distance between the training and generation groups (0 when colocated)."""
+                     colocated: bool, separation: int, gather: str = "shard") -> StageCost:
+    """`separation`: device-id distance between the training and generation groups (0 when colocated).
+    `gather`: how a colocated sync assembles the engine's weights (rpeg/passes/refit.py)."""
     total = spec.params_total() * BF16
     shard = total / gen.tp / gen.pp
     dev = cluster.device
     copy_s = shard / (dev.hbm_bandwidth_bytes_per_s * HBM[dev.kind].value)
     mp = train.tp * train.pp * train.ep
-    if colocated:
+    if colocated and gather == "full":
+        parts = full_gather_parts(spec, train, cluster) + (("copy into engine", copy_s),)
+    elif colocated:
         gather_s = all_gather_s(cluster, shard, Group(min(mp, cluster.gpus_per_node), 1))
         if mp > cluster.gpus_per_node:  # pipeline stages on other nodes
             gather_s += all_gather_s(cluster, shard, Group(mp // cluster.gpus_per_node, cluster.gpus_per_node))
@@ -48,6 +51,31 @@ def weight_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: Par
     seconds = sum(v for _, v in parts)
     return StageCost(stage=name, seconds=seconds, comm_s=seconds - copy_s, memory_s=copy_s,
                      bytes=total * gen.dp, devices=gen.devices, parts=parts)
+
+
+def full_gather_parts(spec: ModelSpec, train: ParallelLayout, cluster: Cluster) -> tuple[tuple[str, float], ...]:
+    """Every device gathers every tensor in full (NeMo-RL's gather_params, FSDP's full_tensor(),
+    ZeRO-3's GatheredParameters): the owning pipeline stage all-gathers each tensor over tensor
+    parallelism (experts over expert parallelism), then broadcasts the full tensor over the
+    pipeline group; with ZeRO-3 the data-parallel ranks first all-gather their shards. The full
+    model is then converted to the engine's format (each tensor read and written once)."""
+    total = spec.params_total() * BF16
+    experts = (spec.experts * spec.mlp_params(spec.moe_ffn) * spec.moe_layers * BF16) if spec.is_moe else 0.0
+    dense = total - experts
+    dev = cluster.device
+    parts = []
+    if train.zero >= 3 and train.dp > 1:
+        parts.append(("gather over data parallelism", all_gather_s(cluster, total / (train.tp * train.pp),
+                                                                   Group(train.dp, train.tp * train.cp))))
+    if train.tp > 1:
+        parts.append(("gather over tensor parallelism", all_gather_s(cluster, dense / train.pp, Group(train.tp, 1))))
+    if experts and train.ep > 1:
+        parts.append(("gather experts", all_gather_s(cluster, experts / train.pp, Group(train.ep, 1))))
+    if train.pp > 1:
+        parts.append(("broadcast over pipeline stages",
+                      broadcast_s(cluster, total, Group(train.pp, train.tp * train.cp * train.dp))))
+    parts.append(("convert to engine format", 2 * total / (dev.hbm_bandwidth_bytes_per_s * HBM[dev.kind].value)))
+    return tuple(parts)
 
 
 # the four moves of a colocated step's context switch (their own lines in the breakdown)

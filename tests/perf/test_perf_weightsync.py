@@ -67,3 +67,60 @@ def test_context_switch_by_hand():
     # ZeRO-1 leaves 1/dp of the optimizer state to move
     z1 = context_switch_cost("switch", spec, Layout(dp=8, zero=1), Layout(dp=8))
     assert z1.part("offload trainer state") == pytest.approx(p * (6 + 12 / 8) / host, rel=1e-12)
+
+
+# ---- refit(gather="full"): every device gathers every tensor in full ------------------------------
+def test_a_full_gather_moves_the_whole_model_to_every_device_and_costs_more_than_the_shard():
+    from rpeg.perf.collectives import Group, all_gather_s, broadcast_s
+
+    cluster = load_cluster("dgx-h100", 64)
+    spec = get_model("llama-3.1-70B")
+    train, gen = Layout(dp=4, tp=4, pp=4, zero=1), Layout(dp=16, tp=4)
+    shard = weight_sync_cost("s", spec, train, gen, cluster, colocated=True, separation=0)
+    full = weight_sync_cost("s", spec, train, gen, cluster, colocated=True, separation=0, gather="full")
+    assert full.seconds > shard.seconds
+    total = spec.params_total() * 2
+    assert full.part("gather over tensor parallelism") == pytest.approx(all_gather_s(cluster, total / 4, Group(4, 1)))
+    # the pipeline group is 16 ranks apart (tp x dp): its broadcast crosses nodes, over InfiniBand
+    assert full.part("broadcast over pipeline stages") == pytest.approx(broadcast_s(cluster, total, Group(4, 16)))
+    assert full.part("broadcast over pipeline stages") > total / 50e9 * 0.9  # one 400 Gb/s NIC per GPU at most
+    dev = cluster.device
+    assert full.part("convert to engine format") == pytest.approx(
+        2 * total / (dev.hbm_bandwidth_bytes_per_s * HBM["gpu"].value))
+    assert full.part("copy into engine") == shard.part("copy into engine")
+
+
+def test_a_full_gather_under_zero3_gathers_over_data_parallelism_and_moe_over_experts():
+    cluster = load_cluster("dgx-h100", 16)
+    dense = weight_sync_cost("s", get_model("llama-3.1-8B"), Layout(dp=16, zero=3), Layout(dp=16), cluster,
+                             colocated=True, separation=0, gather="full")
+    assert dense.part("gather over data parallelism") > 0 and "broadcast over pipeline stages" not in dict(dense.parts)
+    moe = weight_sync_cost("s", get_model("qwen3-30B-A3B"), Layout(dp=8, tp=2, ep=8, zero=1), Layout(dp=4, tp=4),
+                           cluster, colocated=True, separation=0, gather="full")
+    assert moe.part("gather experts") > 0 and moe.part("gather over tensor parallelism") > 0
+
+
+def test_the_refit_pass_sets_the_gather_the_cost_follows_it_and_bad_values_are_refused():
+    from rpeg.errors import PassRefused
+    from rpeg.graph.io import graph_from_text, graph_to_yaml
+    from rpeg.hardware import load_cluster as cl
+    from rpeg.passes import refit
+    from rpeg.search.baselines import BASELINES
+    from rpeg.search.layouts import LayoutCache
+    from rpeg.spec import spec_from_data
+
+    spec = spec_from_data({"algorithm": "grpo", "model": "llama-3.1-8B",
+                           "job": {"prompts": 16, "samples_per_prompt": 4, "prompt_len": 256,
+                                   "response": {"kind": "fixed", "mean": 512}}})
+    cluster = cl("dgx-h100", 16)
+    plan = BASELINES["nemo-rl"].build(spec.graph(), cluster, 16, LayoutCache())
+    assert plan.refit_gather == "full" and plan.history[-1] == "refit(gather='full')"
+    assert graph_from_text(graph_to_yaml(plan)) == plan
+    from rpeg.perf.step import predict_step
+
+    as_shard = predict_step(refit(plan, "shard"), cluster).stages["actor_sync"]
+    as_full = predict_step(plan, cluster).stages["actor_sync"]
+    assert "convert to engine format" in dict(as_full.parts) and "gather shards" in dict(as_shard.parts)
+    assert as_full.seconds > as_shard.seconds
+    with pytest.raises(PassRefused, match="gather must be one of shard, full"):
+        refit(plan, "half")

@@ -8,7 +8,8 @@ training and tensor-parallel inference for generation); the DeepSpeedExamples re
 
 What it models: k = 0; every stage on one group of all GPUs, in turn, with the context switch
 between training and generation (the Hybrid Engine's switch; its resharding of the actor is the
-colocated `actor_sync`). Training is ZeRO-3 (tp 1, pp 1, no context parallelism, gradient
+colocated `actor_sync`, whose ZeRO-3 `GatheredParameters` gathers every parameter in full on every
+GPU: `refit(gather="full")`). Training is ZeRO-3 (tp 1, pp 1, no context parallelism, gradient
 checkpointing or none); generation uses tensor parallelism inside a node; the other forward
 passes run data parallel.
 
@@ -22,9 +23,12 @@ from __future__ import annotations
 
 from rpeg.graph import Graph
 from rpeg.hardware.topology import Cluster
-from rpeg.passes import bound_asynchrony, colocate
+from rpeg.passes import bound_asynchrony, colocate, refit
 from rpeg.search.baselines.common import check_input, finish, node_divisors
 from rpeg.search.layouts import LayoutCache, LayoutOptions
+
+
+REFIT_GATHER = "full"  # see the module docstring: every tensor gathered in full on every device
 
 
 def options(cluster: Cluster) -> LayoutOptions:
@@ -36,4 +40,5 @@ def build(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Grap
     check_input(graph, cluster, gpus, "deepspeed-chat")
     g = bound_asynchrony(graph, 0)
     g = colocate(g, gpus)
+    g = refit(g, REFIT_GATHER)
     return finish(g, cluster, options(cluster), cache, "deepspeed-chat")

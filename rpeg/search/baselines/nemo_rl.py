@@ -12,9 +12,11 @@ NeMo-Aligner (arXiv 2405.01481).
 
 `nemo-rl` models: k = 0; every stage on all GPUs (generation, logprobs, reference, training take
 turns; the refit from Megatron to vLLM is the colocated `actor_sync`, the offload/onload the
-context switch). Training and forward passes: any tp inside a node, pp, cp (1-8), EP for MoE, and
-ZeRO-1 (Megatron's distributed optimizer shards optimizer state only). Generation: vLLM tensor
-parallelism inside a node.
+context switch; the refit gathers every tensor in full on every GPU, `gather_params` in
+nemo_rl/models/megatron/refit_utils.py: tensor-parallel all-gather, full-tensor broadcast over
+the pipeline group, expert all-gather; `refit(gather="full")`). Training and forward passes: any
+tp inside a node, pp, cp (1-8), EP for MoE, and ZeRO-1 (Megatron's distributed optimizer shards
+optimizer state only). Generation: vLLM tensor parallelism inside a node.
 
 `nemo-rl-one-step-off` models: k = 1 (max_trajectory_age_steps = 1); generation on its own half
 of the GPUs (whole nodes where each side can have one, else GPUs; one GPU: colocated), everything
@@ -29,12 +31,15 @@ from __future__ import annotations
 
 from rpeg.graph import Graph
 from rpeg.hardware.topology import Cluster
-from rpeg.passes import bound_asynchrony, colocate
+from rpeg.passes import bound_asynchrony, colocate, refit
 from rpeg.search.baselines.common import check_input, finish, node_divisors, split_generation
 from rpeg.search.layouts import LayoutCache, LayoutOptions
 
 GENERATION_SHARE = 0.5  # nemo-rl-one-step-off
 MAX_TRAJECTORY_AGE_STEPS = 1
+
+
+REFIT_GATHER = "full"  # see the module docstring: every tensor gathered in full on every device
 
 
 def options(cluster: Cluster) -> LayoutOptions:
@@ -47,6 +52,7 @@ def build(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Grap
     check_input(graph, cluster, gpus, "nemo-rl")
     g = bound_asynchrony(graph, 0)
     g = colocate(g, gpus)  # policy.generation.colocated.enabled = true
+    g = refit(g, REFIT_GATHER)
     return finish(g, cluster, options(cluster), cache, "nemo-rl")
 
 
@@ -54,4 +60,5 @@ def build_one_step_off(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutC
     check_input(graph, cluster, gpus, "nemo-rl-one-step-off")
     g = bound_asynchrony(graph, MAX_TRAJECTORY_AGE_STEPS)
     g = split_generation(g, cluster, gpus, GENERATION_SHARE, "generation")
+    g = refit(g, REFIT_GATHER)
     return finish(g, cluster, options(cluster), cache, "nemo-rl-one-step-off")

@@ -11,7 +11,10 @@ role), the FSDP workers (`actor_rollout_ref.actor.fsdp_config`, `ulysses_sequenc
 What `verl` models: k = 0; one device group of all GPUs holding actor, rollout, reference,
 critic and reward model, which take turns and pay the train <-> generation context switch (vLLM
 sleep mode, offloading the FSDP state); the 3D-HybridEngine's resharding is the colocated
-`actor_sync`. Training and every forward pass use FSDP (ZeRO-3, tp 1, pp 1, any recomputation),
+`actor_sync`, at the cost of verl's FSDP rollout sync: every GPU gathers each parameter in full
+(`full_tensor()` in verl/workers/sharding_manager/fsdp_vllm.py's per-tensor generator) and vLLM
+loads its slice (`refit(gather="full")`; the zero-redundancy 3D-HybridEngine of §5 is verl's
+Megatron backend, left out below). Training and every forward pass use FSDP (ZeRO-3, tp 1, pp 1, any recomputation),
 with Ulysses context parallelism of 1 or 2; the rollout uses tensor parallelism inside a node.
 
 `verl-one-step-off` models: k = 1; a rollout pool of a quarter of the GPUs (whole nodes, at least
@@ -30,11 +33,14 @@ from __future__ import annotations
 
 from rpeg.graph import Graph
 from rpeg.hardware.topology import Cluster
-from rpeg.passes import bound_asynchrony, colocate
+from rpeg.passes import bound_asynchrony, colocate, refit
 from rpeg.search.baselines.common import check_input, finish, node_divisors, split_generation
 from rpeg.search.layouts import LayoutCache, LayoutOptions
 
 ROLLOUT_SHARE = 0.25  # verl-one-step-off: the rollout pool's share of the GPUs
+
+
+REFIT_GATHER = "full"  # see the module docstring: every tensor gathered in full on every device
 
 
 def options(cluster: Cluster) -> LayoutOptions:
@@ -47,6 +53,7 @@ def build(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Grap
     check_input(graph, cluster, gpus, "verl")
     g = bound_asynchrony(graph, 0)  # synchronous PPO / GRPO trainer
     g = colocate(g, gpus)  # one global resource pool for every role
+    g = refit(g, REFIT_GATHER)
     return finish(g, cluster, options(cluster), cache, "verl")
 
 
@@ -54,4 +61,5 @@ def build_one_step_off(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutC
     check_input(graph, cluster, gpus, "verl-one-step-off")
     g = bound_asynchrony(graph, 1)  # generation of step t + 1 overlaps training of step t
     g = split_generation(g, cluster, gpus, ROLLOUT_SHARE, "rollout")
+    g = refit(g, REFIT_GATHER)
     return finish(g, cluster, options(cluster), cache, "verl-one-step-off")
