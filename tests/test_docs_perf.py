@@ -11,3 +11,16 @@ def test_every_factor_is_documented_with_its_value():
     text = DOC.read_text()
     for name, value, _reason in table():
         assert f"`{name}` | {value:g} |" in text, name
+
+
+def test_every_validate_block_in_the_docs_is_the_current_output():
+    """docs/perf.md's `$ rpeg validate FILE` blocks are what the command prints now
+    (scripts/docs_validate_blocks.py docs/perf.md rewrites them)."""
+    import sys
+
+    sys.path.insert(0, str(DOC.parents[1] / "scripts"))
+    import docs_validate_blocks
+
+    text = DOC.read_text()
+    assert docs_validate_blocks.BLOCK.search(text), "no validate block found"
+    assert docs_validate_blocks.refresh(text) == text, "run scripts/docs_validate_blocks.py docs/perf.md"

@@ -23,11 +23,11 @@ from rpeg.search.baselines.real import meshes
 from rpeg.search.layouts import LayoutCache
 from rpeg.sim import simulate
 
-NAMES = ("verl", "verl-one-step-off", "real", "openrlhf", "openrlhf-async", "areal", "nemo-rl",
+NAMES = ("verl", "verl-megatron", "verl-one-step-off", "real", "openrlhf", "openrlhf-async", "areal", "nemo-rl",
          "nemo-rl-one-step-off", "deepspeed-chat")
-K = {"verl": 0, "verl-one-step-off": 1, "real": 0, "openrlhf": 0, "openrlhf-async": 1, "areal": 4, "nemo-rl": 0,
+K = {"verl": 0, "verl-megatron": 0, "verl-one-step-off": 1, "real": 0, "openrlhf": 0, "openrlhf-async": 1, "areal": 4, "nemo-rl": 0,
      "nemo-rl-one-step-off": 1, "deepspeed-chat": 0}
-COLOCATED = {"verl", "real", "nemo-rl", "deepspeed-chat"}  # generation shares devices with actor training
+COLOCATED = {"verl", "verl-megatron", "real", "nemo-rl", "deepspeed-chat"}  # generation shares devices with actor training
 FSDP_LIKE = {"verl", "verl-one-step-off", "openrlhf", "openrlhf-async", "areal", "deepspeed-chat"}  # ZeRO-3, tp 1, pp 1
 MODULES = ("verl", "real", "openrlhf", "areal", "nemo_rl", "deepspeed_chat")
 
@@ -246,3 +246,15 @@ def test_openrlhf_falls_back_through_its_colocation_flags():
     assert levels == [["vllm", "actor", "critic", "ref", "reward"], ["vllm", "actor", "critic"], ["vllm", "models"]]
     paired = fallbacks(JOBS["ppo"])[1]
     assert "ref_logprobs" in paired[1].stages and "reward" in paired[2].stages
+
+
+def test_verl_megatron_trains_3d_parallel_and_reshards_without_redundancy(plans, dgx):
+    """HybridFlow's evaluated verl: Megatron training (ZeRO-1, tp/pp) and the 3D-HybridEngine's
+    shard-only resharding, where verl's FSDP default gathers every tensor in full."""
+    for (job, gpus), ps in plans.items():
+        mega, fsdp = ps["verl-megatron"], ps["verl"]
+        assert mega.refit_gather == "shard" and fsdp.refit_gather == "full"
+        assert mega.stage("actor_update").layout.zero == 1 and fsdp.stage("actor_update").layout.zero == 3
+        if gpus > 1:
+            assert (predict_step(mega, dgx).stages["actor_sync"].seconds
+                    <= predict_step(fsdp, dgx).stages["actor_sync"].seconds), (job, gpus)

@@ -33,6 +33,8 @@ class Baseline:
 BASELINES: dict[str, Baseline] = {b.name: b for b in (
     Baseline("verl", "verl", "all roles colocated on one pool, synchronous; FSDP (ZeRO-3) training, vLLM/SGLang TP "
              "rollout, 3D-HybridEngine resharding", verl.build),
+    Baseline("verl-megatron", "verl", "as verl, with the Megatron backend: 3D-parallel training (tp/pp, ZeRO-1) and "
+             "the 3D-HybridEngine's zero-redundancy resharding (HybridFlow's evaluated setup)", verl.build_megatron),
     Baseline("verl-one-step-off", "verl", "rollout pool of 1/4 (whole nodes), training roles on the rest, k = 1; "
              "FSDP training, vLLM/SGLang TP rollout", verl.build_one_step_off),
     Baseline("real", "ReaL", "generation on all GPUs, concurrent inference and training calls on disjoint meshes, "

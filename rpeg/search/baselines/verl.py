@@ -22,7 +22,13 @@ one; inside one node, a quarter of its GPUs) that runs generation only, and a tr
 the rest that runs every other role; the weight sync crosses the pools. With one GPU there is
 nothing to split: everything is colocated (k stays 1).
 
-Left out: verl's Megatron backend (TP/PP/CP/EP training) and `fully_async_policy` (fractional
+`verl-megatron` models verl with its Megatron backend (`actor_rollout_ref.actor.strategy=megatron`),
+the configuration HybridFlow's evaluation ran (section 8): colocated and synchronous as `verl`, with
+Megatron 3D-parallel training (tp inside a node, pp, the distributed optimizer, ZeRO-1) and the
+3D-HybridEngine's zero-redundancy resharding (section 5: each GPU gathers only its rollout shard,
+`refit(gather="shard")`).
+
+Left out: the Megatron backend's context and expert parallelism, and `fully_async_policy` (fractional
 staleness, partial rollout); dynamic batch sizes and parameter/optimizer CPU offload; the
 reference and critic running as FSDP-sharded forward passes (our inference layouts keep a full
 replica per device at tp 1, so a model that only fits sharded makes the plan None); running
@@ -55,6 +61,20 @@ def build(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Grap
     g = colocate(g, gpus)  # one global resource pool for every role
     g = refit(g, REFIT_GATHER)
     return finish(g, cluster, options(cluster), cache, "verl")
+
+
+def megatron_options(cluster: Cluster) -> LayoutOptions:
+    return LayoutOptions(train_tp=node_divisors(cluster), train_pp=None, train_cp=(1,), zero=(1,),
+                         recompute=("none", "selective", "full"), gen_tp=node_divisors(cluster), gen_pp=(1,),
+                         expert_parallel=False, sequence_parallel=True)
+
+
+def build_megatron(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Graph | None:
+    check_input(graph, cluster, gpus, "verl-megatron")
+    g = bound_asynchrony(graph, 0)
+    g = colocate(g, gpus)
+    g = refit(g, "shard")  # the 3D-HybridEngine: each GPU gathers its rollout shard only
+    return finish(g, cluster, megatron_options(cluster), cache, "verl-megatron")
 
 
 def build_one_step_off(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Graph | None:
