@@ -1,4 +1,4 @@
-"""refit(gather): how a colocated weight sync assembles each generation engine's weights.
+"""refit(gather): how a weight sync assembles each generation engine's weights.
 
 `shard` (the default): each device gathers only the tensor-parallel shard its engine slice needs,
 from the training shards of its model-parallel group: verl's 3D-HybridEngine with Megatron
@@ -10,7 +10,11 @@ receives the whole model once per step: NeMo-RL's Megatron refit (nemo_rl/models
 refit_utils.py `gather_params`: a tensor-parallel all-gather, a broadcast of the full tensor over
 the pipeline group, an all-gather of the experts over expert parallelism, tag v0.3.0), verl's FSDP
 rollout sync (DTensor `full_tensor()` per parameter), DeepSpeed ZeRO-3's `GatheredParameters`
-(DeepSpeed-Chat's Hybrid Engine, OpenRLHF's broadcast to vLLM).
+(DeepSpeed-Chat's Hybrid Engine, OpenRLHF's broadcast to vLLM). When generation has its own
+devices, `full` also means one sender: the trainers gather full tensors and one rank broadcasts the
+whole model to every generation device (NeMo-RL's `packed_broadcast_producer(src=0)` in
+`broadcast_weights_for_collective`, tag v0.5.0; OpenRLHF's rank-0 broadcast, its issue #533),
+where `shard` lets every shard holder send its part in parallel.
 """
 
 from __future__ import annotations

@@ -28,7 +28,9 @@ from rpeg.perf.efficiency import HBM, HOST_LINK_BYTES_PER_S, link_efficiency
 def weight_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: ParallelLayout, cluster: Cluster, *,
                      colocated: bool, separation: int, gather: str = "shard") -> StageCost:
     """`separation`: device-id distance between the training and generation groups (0 when colocated).
-    `gather`: how a colocated sync assembles the engine's weights (rpeg/passes/refit.py)."""
+    `gather`: how the sync assembles the engine's weights (rpeg/passes/refit.py): `shard`, each device
+    gets only its slice (disaggregated: every shard holder sends in parallel); `full`, every tensor
+    gathered in full (disaggregated: then broadcast from one sender)."""
     total = spec.params_total() * BF16
     shard = total / gen.tp / gen.pp
     dev = cluster.device
@@ -41,6 +43,21 @@ def weight_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: Par
         if mp > cluster.gpus_per_node:  # pipeline stages on other nodes
             gather_s += all_gather_s(cluster, shard, Group(mp // cluster.gpus_per_node, cluster.gpus_per_node))
         parts = (("gather shards", gather_s), ("copy into engine", copy_s))
+    elif gather == "full":
+        # the trainers gather every tensor in full, then one rank broadcasts the whole model to every
+        # generation device (NeMo-RL's packed_broadcast_producer(src=0), OpenRLHF's rank-0 broadcast
+        # after ZeRO-3's GatheredParameters): a pipelined ring whose slowest link sets the pace. The
+        # loop gathers tensor i + 1 while tensor i is broadcast, so only the longer of the two shows.
+        span = cluster.span(2, max(1, separation))
+        link = span.level.effective_bandwidth_bytes_per_s * link_efficiency(span.level.link)
+        ring = broadcast_s(cluster, total, Group(gen.devices, 1))
+        send_s = max(total / link + span.level.latency_s, ring)
+        gathers = full_gather_parts(spec, train, cluster)
+        convert = dict(gathers)["convert to engine format"]
+        gather_s = sum(v for _, v in gathers) - convert
+        parts = (("broadcast to generation, one sender", send_s),
+                 ("gather in full, beyond the broadcast", max(0.0, gather_s - send_s)),
+                 ("convert to engine format", convert), ("copy into engine", copy_s))
     else:
         span = cluster.span(2, max(1, separation))
         link = span.level.effective_bandwidth_bytes_per_s * link_efficiency(span.level.link)

@@ -124,3 +124,23 @@ def test_the_refit_pass_sets_the_gather_the_cost_follows_it_and_bad_values_are_r
     assert as_full.seconds > as_shard.seconds
     with pytest.raises(PassRefused, match="gather must be one of shard, full"):
         refit(plan, "half")
+
+
+def test_a_full_sync_to_separate_engines_comes_from_one_sender_and_hides_the_gather_under_it():
+    """NeMo-RL's broadcast_weights_for_collective (packed_broadcast_producer, src=0) and OpenRLHF's
+    rank-0 broadcast: the whole model leaves one device, so it costs at least the model over that
+    device's link, whatever the number of trainers; the gathers of the next tensors overlap it."""
+    cluster = load_cluster("dgx-h100", 32)
+    spec = get_model("llama-3.1-70B")
+    train, gen = Layout(dp=2, tp=4, pp=2, zero=1), Layout(dp=4, tp=4)
+    full = weight_sync_cost("s", spec, train, gen, cluster, colocated=False, separation=16, gather="full")
+    shard = weight_sync_cost("s", spec, train, gen, cluster, colocated=False, separation=16)
+    total = spec.params_total() * 2
+    ib = 400e9 / 8 * LINK["infiniband"].value
+    assert full.part("broadcast to generation, one sender") >= total / ib
+    assert full.seconds > shard.seconds  # shard holders send in parallel
+    assert full.seconds == pytest.approx(sum(v for _, v in full.parts), rel=1e-12)
+    more = weight_sync_cost("s", spec, Layout(dp=4, tp=4, pp=2, zero=1), gen, load_cluster("dgx-h100", 48),
+                            colocated=False, separation=32, gather="full")
+    assert more.part("broadcast to generation, one sender") == pytest.approx(
+        full.part("broadcast to generation, one sender"), rel=0.05)  # more trainers do not send faster

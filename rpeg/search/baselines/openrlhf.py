@@ -17,8 +17,10 @@ a missing reference or reward model gives its share to the actor. Each model's p
 group (actor_logprobs with the actor, critic_values with the critic); rule rewards and advantage
 math run on the driver (placed with the actor; they hold no devices). Training is DeepSpeed
 ZeRO-3 (tp 1, pp 1) with optional ring attention (cp 1 or 2) and gradient checkpointing; vLLM
-uses tensor parallelism inside a node. `openrlhf` is synchronous (k = 0); `openrlhf-async` is the
-same placement with k = 1.
+uses tensor parallelism inside a node. The weight sync gathers each parameter in full
+(`deepspeed.zero.GatheredParameters`) and rank 0 broadcasts it to every vLLM engine over NCCL
+(its issue #533: that broadcast took 40% of a step): `refit(gather="full")`, one sender.
+`openrlhf` is synchronous (k = 0); `openrlhf-async` is the same placement with k = 1.
 
 Fewer GPUs than groups: the first of these that fits, as OpenRLHF's own flags allow:
   1. `--colocate_actor_ref --colocate_critic_reward`: the reference joins the actor's group, the
@@ -38,7 +40,7 @@ from dataclasses import dataclass
 
 from rpeg.graph import Graph, Kind
 from rpeg.hardware.topology import Cluster
-from rpeg.passes import bound_asynchrony, colocate, place
+from rpeg.passes import bound_asynchrony, colocate, place, refit
 from rpeg.search.baselines.common import check_input, finish, node_divisors, split
 from rpeg.search.layouts import LayoutCache, LayoutOptions
 
@@ -99,6 +101,7 @@ def _build(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache, k: int
             break
     else:
         g = colocate(g, gpus)
+    g = refit(g, "full")  # ZeRO-3 GatheredParameters per tensor, broadcast from rank 0 to the vLLM engines
     return finish(g, cluster, options(cluster), cache, name)
 
 

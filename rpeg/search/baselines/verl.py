@@ -20,7 +20,9 @@ with Ulysses context parallelism of 1 or 2; the rollout uses tensor parallelism 
 `verl-one-step-off` models: k = 1; a rollout pool of a quarter of the GPUs (whole nodes, at least
 one; inside one node, a quarter of its GPUs) that runs generation only, and a training pool of
 the rest that runs every other role; the weight sync crosses the pools. With one GPU there is
-nothing to split: everything is colocated (k stays 1).
+nothing to split: everything is colocated (k stays 1). Its weight sync gathers each parameter in
+full and broadcasts it from one trainer rank to the rollout pool over NCCL (PEERS.md: the recipe's
+NCCL sync of a 7B model takes under 300 ms on H20).
 
 `verl-megatron` models verl with its Megatron backend (`actor_rollout_ref.actor.strategy=megatron`),
 the configuration HybridFlow's evaluation ran (section 8): colocated and synchronous as `verl`, with
