@@ -50,6 +50,7 @@ class Graph:
     outputs: tuple[str, ...] = ()
     async_bound: int = 0
     refit_gather: str = "shard"  # how a colocated weight sync assembles the engine's weights (passes/refit.py)
+    partial_rollout: bool = False  # generation engines never drain between steps (passes/rollout.py)
     fusion: tuple[tuple[str, ...], ...] = ()
     streams: tuple[Stream, ...] = ()
     groups: tuple[DeviceGroup, ...] = ()

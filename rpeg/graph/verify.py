@@ -134,6 +134,9 @@ def _weights(g: Graph) -> list[Violation]:
     if g.refit_gather not in REFIT_GATHERS:
         out.append(Violation("refit-gather", f"refit gather {g.refit_gather!r} must be one of "
                                              f"{', '.join(REFIT_GATHERS)}"))
+    if g.partial_rollout and g.async_bound < 1:
+        out.append(Violation("partial-rollout", f"partial rollout carries responses across weight updates: it "
+                                                f"needs an async bound k >= 1, not {g.async_bound}"))
     if g.async_bound < 0:
         out.append(Violation("async-bound", f"async bound k = {g.async_bound} must be >= 0"))
     trained: dict[str, list[str]] = {}

@@ -23,6 +23,7 @@ from rpeg.passes.fusion import fuse
 from rpeg.passes.parallelize import parallelize
 from rpeg.passes.placement import colocate, place
 from rpeg.passes.refit import refit
+from rpeg.passes.rollout import partial_rollout
 from rpeg.passes.sharing import share_actor_critic
 from rpeg.passes.streaming import stream
 
@@ -35,6 +36,7 @@ PASSES: dict[str, tuple[Callable[..., Graph], str]] = {
     "place": (place, "stages onto device groups"),
     "colocate": (colocate, "every stage on the same devices"),
     "parallelize": (parallelize, "a stage's DP/TP/PP/CP/EP layout, ZeRO stage and recomputation"),
+    "partial_rollout": (partial_rollout, "generation never drains: running responses carry into the next step (k >= 1)"),
     "refit": (refit, "how a colocated weight sync gathers the engine's weights: its shard, or every tensor in full"),
 }
 

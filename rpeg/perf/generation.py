@@ -5,7 +5,9 @@ response lengths are the job's distribution at evenly spaced quantiles, in an in
 order (a batch is a random mix of short and long answers), so the tail is there: the instance
 runs until its longest response is done, with a shrinking batch at the end. The instance costed
 is the one the step waits for: it holds the longest response of the whole batch (an order
-statistic of all the sequences, not of one engine's share; `critical_lengths`).
+statistic of all the sequences, not of one engine's share; `critical_lengths`). With partial
+rollout (responses carried across steps, `rpeg.passes.partial_rollout`) the engine never drains,
+and a step costs the time one more step's sequences add to an engine that keeps running.
 
 The engine admits sequences while fewer than MAX_NUM_SEQS run and their KV cache fits in what
 the weights leave of `gpu_memory_utilization` x HBM; when growing sequences would overflow it,
@@ -51,6 +53,7 @@ class GenWorkload:
     prompt_len: float
     response: LengthDistribution
     dtype: str = "bf16"
+    partial: bool = False  # partial rollout: the engine never drains between steps (passes/rollout.py)
 
 
 def response_lengths(dist: LengthDistribution, n: int) -> list[float]:
@@ -182,6 +185,19 @@ def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster,
             "engine step overhead": overhead_s, "decode_steps": now, "preemptions": preemptions}
 
 
+def carried_recompute_s(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, work: GenWorkload,
+                        capacity: float) -> float:
+    """Partial rollout: the responses in flight at the weight update carry into the next step with
+    their KV cache recomputed (AReaL's interruptible generation; a colocated engine drops its KV cache
+    when it sleeps anyway). An engine holds as many as its batch allows, and a response caught in
+    flight is a length-biased one (the inspection paradox): its context so far averages prompt +
+    E[r^2] / (2 E[r]). Their recompute is one prefill of those tokens per step."""
+    mean, mean2 = work.response.moments()
+    context = work.prompt_len + (mean2 / (2 * mean) if mean > 0 else 0.0)
+    in_flight = min(MAX_NUM_SEQS.value, capacity / context if math.isfinite(capacity) else MAX_NUM_SEQS.value)
+    return _prefill_s(spec, layout, cluster, in_flight * context, context, work.dtype)
+
+
 def engine_layout(spec: ModelSpec, layout: ParallelLayout) -> ParallelLayout:
     """The layout as the memory model should see an engine: without expert parallelism, vLLM splits
     every expert over the tensor-parallel ranks, which holds as much per device as ep = tp."""
@@ -207,12 +223,25 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
                          memory_parts=(("weights", weights), ("kv_cache", need - weights)), devices=layout.devices,
                          parts=(("does not fit", math.inf),))
     sim_n = min(n, SIM_SEQUENCES)
-    lengths = critical_lengths(work.response, sim_n, work.sequences)
-    sim = simulate_instance(spec, layout, cluster, n=sim_n, prompt=work.prompt_len, lengths=lengths,
-                            capacity_tokens=capacity, dtype=work.dtype)
+    if work.partial:
+        # Never draining: a step costs what one more step's sequences add to an engine that keeps
+        # running, T(2n) - T(n); the tail of the longest response is paid once, not every step.
+        lengths = response_lengths(work.response, sim_n)
+        kw = dict(prompt=work.prompt_len, capacity_tokens=capacity, dtype=work.dtype)
+        one = simulate_instance(spec, layout, cluster, n=sim_n, lengths=lengths, **kw)
+        two = simulate_instance(spec, layout, cluster, n=2 * sim_n, lengths=lengths + lengths, **kw)
+        sim = {k: max(0.0, two[k] - one[k]) for k in one}
+    else:
+        lengths = critical_lengths(work.response, sim_n, work.sequences)
+        sim = simulate_instance(spec, layout, cluster, n=sim_n, prompt=work.prompt_len, lengths=lengths,
+                                capacity_tokens=capacity, dtype=work.dtype)
     scale = n / sim_n
     sim = {k: v * scale for k, v in sim.items()}
-    parts = tuple((k, sim[k]) for k in ("prefill", "decode", "tensor-parallel comm", "engine step overhead"))
+    if work.partial:  # once per step, whatever the number of simulated waves
+        sim["recompute carried KV cache"] = carried_recompute_s(spec, layout, cluster, work, capacity)
+    keys = ("prefill", "decode", "tensor-parallel comm", "engine step overhead") + (
+        ("recompute carried KV cache",) if work.partial else ())
+    parts = tuple((k, sim[k]) for k in keys)
     seconds = sum(v for _, v in parts)
     flops = work.sequences * expected_forward_flops(spec, work.prompt_len, work.response)
     weights = memory.weight_bytes_per_device(spec, engine_layout(spec, layout))

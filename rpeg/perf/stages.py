@@ -47,7 +47,7 @@ def stage_cost(graph: Graph, stage: Stage, cluster: Cluster) -> StageCost:
     spec = graph.model(stage.model).spec
     if stage.kind is Kind.GENERATE:
         work = GenWorkload(sequences=graph.stage_sequences(stage), prompt_len=graph.job.prompt_len,
-                           response=graph.job.response)
+                           response=graph.job.response, partial=graph.partial_rollout)
         return generation_cost(stage.name, spec, stage.layout, cluster, work, colocated=_shares_with_training(graph, stage))
     return pass_cost(stage.name, spec, stage.layout, cluster,
                      _pass_workload(graph, stage, train=stage.kind is Kind.TRAIN))

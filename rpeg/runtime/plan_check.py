@@ -29,6 +29,9 @@ def check_plan(graph: Graph) -> None:
                             "expert parallelism, and tensor-parallel generation engines, are planned, not executed")
     if graph.streams:
         raise RpegError("the plan streams micro-batches between stages; the runtime hands whole batches over")
+    if graph.partial_rollout:
+        raise RpegError("the plan carries responses across steps (partial rollout); the runtime generates each "
+                        "step's batch to the end")
     for group in graph.fusion:
         if set(group) != {"generate", "actor_logprobs"}:
             raise RpegError(f"the runtime fuses generation with the policy's logprobs only, not ({', '.join(group)})")
@@ -53,7 +56,7 @@ def runnable_plan(graph: Graph, cluster: Cluster, gpus: int) -> Candidate:
     """The fastest plan the runtime can honour: data parallelism only, whole batches, no streaming."""
     options = LayoutOptions(train_tp=(1,), train_pp=(1,), train_cp=(1,), zero=(3,), infer_zero=(0,), gen_tp=(1,),
                             expert_parallel=False, sequence_parallel=False)
-    space = SpaceOptions(share=False, fuse=True, stream=False, placements=("colocated", "split"))
+    space = SpaceOptions(share=False, fuse=True, stream=False, placements=("colocated", "split"), partial_rollout=False)
     result = search(graph, cluster, gpus, max_staleness=1, options=options, space=space, budget=200)
     for cand in result.ranked:
         try:

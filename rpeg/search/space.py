@@ -1,6 +1,7 @@
 """The plan space the planner searches: structure choices and placements.
 
-Structure: async bound k (0..max staleness), actor-critic sharing (where there is a critic),
+Structure: async bound k (0..max staleness), partial rollout (k >= 1: generation engines that
+never drain between steps), actor-critic sharing (where there is a critic),
 fusion (generation that returns the policy's logprobs, k = 0 only; actor and critic trained in one
 schedule), streaming micro-batches. Placement: everything colocated; generation on its own
 devices and the rest on the others (split in whole nodes); one group per model (actor with its
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from rpeg.graph import Graph, Kind
-from rpeg.passes import bound_asynchrony, fuse, place, share_actor_critic, stream
+from rpeg.passes import bound_asynchrony, fuse, partial_rollout, place, share_actor_critic, stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,7 @@ class SpaceOptions:
     fuse: bool = True
     stream: bool = True
     placements: tuple[str, ...] = ("colocated", "split", "per-model")
+    partial_rollout: bool = True  # with k >= 1: engines that never drain (passes/rollout.py)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -34,9 +36,12 @@ class Structure:
     fuse_logprobs: bool = False
     fuse_train: bool = False
     stream: int = 0
+    partial: bool = False  # partial rollout (k >= 1)
 
     def describe(self) -> str:
         parts = [f"async k={self.async_bound}" if self.async_bound else "synchronous"]
+        if self.partial:
+            parts.append("partial rollout")
         if self.share:
             parts.append("critic shared with the actor")
         if self.fuse_logprobs:
@@ -70,7 +75,8 @@ def structures(graph: Graph, max_staleness: int, space: SpaceOptions = SpaceOpti
             for fl in ((False, True) if k == 0 and space.fuse else (False,)):
                 for ft in ((False, True) if has_critic and not share and space.fuse else (False,)):
                     for m in streams:
-                        yield Structure(k, share, fl, ft, m)
+                        for partial in ((False, True) if k >= 1 and space.partial_rollout else (False,)):
+                            yield Structure(k, share, fl, ft, m, partial)
 
 
 def apply_structure(graph: Graph, s: Structure) -> Graph:
@@ -79,6 +85,8 @@ def apply_structure(graph: Graph, s: Structure) -> Graph:
         g = share_actor_critic(g)
     if s.async_bound:
         g = bound_asynchrony(g, s.async_bound)
+    if s.partial:
+        g = partial_rollout(g)
     return g
 
 

@@ -171,3 +171,38 @@ def test_the_same_share_per_engine_takes_longer_the_more_engines_share_the_tail(
     assert run(LOGNORMAL, 32) > 1.1 * run(LOGNORMAL, 1)
     fixed = Dist(kind="fixed", mean=1000, max=1000)
     assert run(fixed, 32) == pytest.approx(run(fixed, 1), rel=1e-9)
+
+
+# ---- partial rollout: the engine never drains -----------------------------------------------------
+def test_partial_rollout_pays_the_tail_once_not_every_step(dgx):
+    """One engine, a long tail: without partial rollout each step runs until its longest response;
+    with it the next step's sequences fill the slots, so a step costs less. Fixed lengths have no tail
+    to save when they fit in one wave."""
+    def run(dist, partial, n=512):
+        return generation_cost("g", SMALL, Layout(), dgx, GenWorkload(sequences=n, prompt_len=256, response=dist,
+                                                                      partial=partial)).seconds
+
+    tail = Dist(kind="lognormal", mean=1000, max=16384, sigma=1.2)
+    assert run(tail, True) < 0.9 * run(tail, False)
+    fixed = Dist(kind="fixed", mean=1000, max=1000)
+    assert run(fixed, True, n=256) == pytest.approx(run(fixed, False, n=256), rel=0.05)
+
+
+def test_partial_rollout_needs_asynchrony_and_the_peers_that_have_it_use_it():
+    from rpeg.algorithms import Models, build_graph
+    from rpeg.errors import PassRefused, RpegError
+    from rpeg.graph import Job
+    from rpeg.passes import bound_asynchrony, partial_rollout
+    from rpeg.search.baselines import BASELINES
+    from rpeg.search.layouts import LayoutCache
+
+    g = build_graph("grpo", Job(), Models(actor=SMALL))
+    with pytest.raises(PassRefused, match="apply bound_asynchrony"):
+        partial_rollout(g)
+    p = partial_rollout(bound_asynchrony(g, 1))
+    assert p.partial_rollout and p.history[-1] == "partial_rollout()"
+    with pytest.raises(RpegError, match="partial rollout"):
+        bound_asynchrony(p, 0)  # the verifier refuses undoing the bound under it
+    cluster = load_cluster("dgx-h100", 16)
+    plans = {n: BASELINES[n].build(g, cluster, 16, LayoutCache()) for n in BASELINES}
+    assert {n for n, q in plans.items() if q.partial_rollout} == {"areal", "verl-fully-async"}

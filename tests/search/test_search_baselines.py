@@ -23,12 +23,12 @@ from rpeg.search.baselines.real import meshes
 from rpeg.search.layouts import LayoutCache
 from rpeg.sim import simulate
 
-NAMES = ("verl", "verl-megatron", "verl-one-step-off", "real", "openrlhf", "openrlhf-async", "areal", "nemo-rl",
+NAMES = ("verl", "verl-megatron", "verl-one-step-off", "verl-fully-async", "real", "openrlhf", "openrlhf-async", "areal", "nemo-rl",
          "nemo-rl-one-step-off", "deepspeed-chat")
-K = {"verl": 0, "verl-megatron": 0, "verl-one-step-off": 1, "real": 0, "openrlhf": 0, "openrlhf-async": 1, "areal": 4, "nemo-rl": 0,
+K = {"verl": 0, "verl-megatron": 0, "verl-one-step-off": 1, "verl-fully-async": 1, "real": 0, "openrlhf": 0, "openrlhf-async": 1, "areal": 4, "nemo-rl": 0,
      "nemo-rl-one-step-off": 1, "deepspeed-chat": 0}
 COLOCATED = {"verl", "verl-megatron", "real", "nemo-rl", "deepspeed-chat"}  # generation shares devices with actor training
-FSDP_LIKE = {"verl", "verl-one-step-off", "openrlhf", "openrlhf-async", "areal", "deepspeed-chat"}  # ZeRO-3, tp 1, pp 1
+FSDP_LIKE = {"verl", "verl-one-step-off", "verl-fully-async", "openrlhf", "openrlhf-async", "areal", "deepspeed-chat"}  # ZeRO-3, tp 1, pp 1
 MODULES = ("verl", "real", "openrlhf", "areal", "nemo_rl", "deepspeed_chat")
 
 LLAMA = get_model("llama-3.1-8B")

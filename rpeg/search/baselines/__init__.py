@@ -37,6 +37,8 @@ BASELINES: dict[str, Baseline] = {b.name: b for b in (
              "the 3D-HybridEngine's zero-redundancy resharding (HybridFlow's evaluated setup)", verl.build_megatron),
     Baseline("verl-one-step-off", "verl", "rollout pool of 1/4 (whole nodes), training roles on the rest, k = 1; "
              "FSDP training, vLLM/SGLang TP rollout", verl.build_one_step_off),
+    Baseline("verl-fully-async", "verl", "rollout pool of half the GPUs, k = 1 with partial rollout (the engines "
+             "never drain); FSDP training, vLLM/SGLang TP rollout", verl.build_fully_async),
     Baseline("real", "ReaL", "generation on all GPUs, concurrent inference and training calls on disjoint meshes, "
              "synchronous; 3D parallel (tp/pp, ZeRO-1) training and generation", real.build),
     Baseline("openrlhf", "OpenRLHF", "a group per model plus vLLM engines, disaggregated, synchronous; DeepSpeed "

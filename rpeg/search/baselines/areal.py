@@ -16,9 +16,9 @@ allows up to the edges into a whole-batch optimizer step). Training is FSDP (ZeR
 pp 1, cp 1 or 2, gradient checkpointing or none); SGLang / vLLM generation uses tensor
 parallelism inside a node.
 
-Left out: interruptible generation (a trajectory that spans a weight update, its KV cache
-recomputed) — here each sample is generated with one weight version at most k old; AReaL's
-Megatron training backend; dynamic batching by token budget; the staleness manager's admission
+Interruptible generation (§4: a trajectory that spans a weight update continues with the new
+weights, its KV cache recomputed) is `partial_rollout`: the rollout engines never drain between
+steps. Left out: AReaL's Megatron training backend; dynamic batching by token budget; the staleness manager's admission
 control beyond the bound k; ZeRO-3-sharded forward passes of frozen models (full replicas here).
 """
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 from rpeg.errors import PassRefused
 from rpeg.graph import Graph
 from rpeg.hardware.topology import Cluster
-from rpeg.passes import bound_asynchrony, stream
+from rpeg.passes import bound_asynchrony, partial_rollout, stream
 from rpeg.search.baselines.common import check_input, finish, node_divisors, split_generation
 from rpeg.search.layouts import LayoutCache, LayoutOptions
 
@@ -44,6 +44,7 @@ def options(cluster: Cluster) -> LayoutOptions:
 def build(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Graph | None:
     check_input(graph, cluster, gpus, "areal")
     g = bound_asynchrony(graph, MAX_HEAD_OFFPOLICYNESS)
+    g = partial_rollout(g)  # interruptible generation: running trajectories continue across weight updates
     g = split_generation(g, cluster, gpus, GENERATION_SHARE, "rollout")
     try:
         g = stream(g, STREAM_MICROBATCHES)  # every edge that can stream

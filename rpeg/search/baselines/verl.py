@@ -30,8 +30,13 @@ Megatron 3D-parallel training (tp inside a node, pp, the distributed optimizer, 
 3D-HybridEngine's zero-redundancy resharding (section 5: each GPU gathers only its rollout shard,
 `refit(gather="shard")`).
 
-Left out: the Megatron backend's context and expert parallelism, and `fully_async_policy` (fractional
-staleness, partial rollout); dynamic batch sizes and parameter/optimizer CPU offload; the
+`verl-fully-async` models `fully_async_policy` as its documented run (docs/advance/fully_async.md:
+64 rollout + 64 training GPUs of 128, staleness_threshold 0.5, partial rollout): a rollout pool of
+half the GPUs, k = 1 (a fractional staleness of at most one version), and partial rollout (the
+rollout engines never drain between steps).
+
+Left out: the Megatron backend's context and expert parallelism; fully_async's fractional
+staleness below one whole step; dynamic batch sizes and parameter/optimizer CPU offload; the
 reference and critic running as FSDP-sharded forward passes (our inference layouts keep a full
 replica per device at tp 1, so a model that only fits sharded makes the plan None); running
 actor and critic updates in parallel, which verl does only on separate pools.
@@ -41,11 +46,12 @@ from __future__ import annotations
 
 from rpeg.graph import Graph
 from rpeg.hardware.topology import Cluster
-from rpeg.passes import bound_asynchrony, colocate, refit
+from rpeg.passes import bound_asynchrony, colocate, partial_rollout, refit
 from rpeg.search.baselines.common import check_input, finish, node_divisors, split_generation
 from rpeg.search.layouts import LayoutCache, LayoutOptions
 
 ROLLOUT_SHARE = 0.25  # verl-one-step-off: the rollout pool's share of the GPUs
+FULLY_ASYNC_ROLLOUT_SHARE = 0.5  # verl-fully-async: docs/advance/fully_async.md's run, 64 rollout + 64 train GPUs
 
 
 REFIT_GATHER = "full"  # see the module docstring: every tensor gathered in full on every device
@@ -85,3 +91,12 @@ def build_one_step_off(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutC
     g = split_generation(g, cluster, gpus, ROLLOUT_SHARE, "rollout")
     g = refit(g, REFIT_GATHER)
     return finish(g, cluster, options(cluster), cache, "verl-one-step-off")
+
+
+def build_fully_async(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Graph | None:
+    check_input(graph, cluster, gpus, "verl-fully-async")
+    g = bound_asynchrony(graph, 1)  # staleness_threshold 0.5: at most one version behind
+    g = partial_rollout(g)
+    g = split_generation(g, cluster, gpus, FULLY_ASYNC_ROLLOUT_SHARE, "rollout")
+    g = refit(g, REFIT_GATHER)
+    return finish(g, cluster, options(cluster), cache, "verl-fully-async")
