@@ -150,3 +150,20 @@ def test_random_command_lines(tmp_path_factory, capsys, data):
     if command == "predict":
         argv += ["--gpus", data.draw(VALUES["n"])]
     _check(capsys, argv)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_mutated_stage_times_and_ratios(tmp_path_factory, capsys, data):
+    """The sections issue 10 added to validation files: measured.stages_s and ratios:."""
+    from tests.search.test_search_ratios import ENTRY
+    from tests.test_validation import SCHEMA
+
+    doc = yaml.safe_load(SCHEMA)
+    rl = doc["rl"][0]
+    rl["measured"]["stages_s"] = {"generation": 5, "logprobs": 2, "training": 2, "refit": 0.5, "other": 0.5}
+    doc = {"models": doc.get("models"), "rl": [rl], "ratios": yaml.safe_load(ENTRY)["ratios"]}
+    mutated = _mutate(doc, data.draw)
+    path = tmp_path_factory.mktemp("fuzz") / "v.yaml"
+    path.write_text(_dump(mutated), encoding="utf-8")
+    _check(capsys, ["validate", str(path)])

@@ -17,6 +17,8 @@ MAX_EPOCHS = 10_000  # PPO epochs per step
 MAX_POINTS = 100_000  # empirical response-length points: the distribution is summarised, not replayed
 MAX_GPUS = 1_000_000  # devices a job uses: above the largest clusters built (~10^5 GPUs)
 MAX_COEF = 1e6  # loss and KL coefficients, clip ranges, oversampling
+MAX_SECONDS = 10_000_000  # a measured step or stage time: 115 days (published RL steps take seconds to hours)
+MAX_COUNT = 10**15  # any other count in a validation file (batches, layout degrees): far above any run
 
 
 def problem(name: str, value, *, positive: bool = False, minimum: float | None = None,

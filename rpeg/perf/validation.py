@@ -27,7 +27,7 @@ from typing import Any
 from rpeg.algorithms import Models, build_graph
 from rpeg.errors import RpegError
 from rpeg.graph import Job, Kind, LengthDistribution, ModelSpec, ParallelLayout, get_model
-from rpeg.graph.bounds import problem
+from rpeg.graph.bounds import MAX_COUNT, MAX_GPUS, MAX_SECONDS, MAX_TOKENS, problem, show
 from rpeg.graph.serde import from_data, read_yaml_file
 from rpeg.hardware import load_cluster
 from rpeg.passes import bound_asynchrony, parallelize, place, refit
@@ -143,10 +143,21 @@ def _value(entry: dict, key: str, where: str, kind) -> Any:
     if kind is str and not isinstance(value, str):
         raise RpegError(f"{where}.{key}: expected a name, got {value!r}")
     if kind in (int, float):
-        bad = problem(key, value, positive=True)
+        bad = problem(key, value, positive=True, maximum=_maximum(key))
         if bad:
             raise RpegError(f"{where}.{key}: {bad}")
     return value
+
+
+def _maximum(key: str) -> float:
+    """The largest value a validation-file number may take (each well above any published run)."""
+    if key.endswith("_s"):
+        return MAX_SECONDS
+    if key in ("gpus", "gpus_per_node", "gen_gpus"):
+        return MAX_GPUS
+    if key.endswith("seq_len") or key in ("seq", "prompt_len"):
+        return MAX_TOKENS
+    return MAX_COUNT
 
 
 def predict_training(entry: dict, models: dict[str, ModelSpec], where: str) -> Result:
@@ -206,7 +217,8 @@ def read_rl_entry(entry: dict, models: dict[str, ModelSpec], where: str) -> Nemo
               ppo_epochs=1, mini_batches=sequences // tgb)
     k = entry.get("async_bound", 0)
     if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 64:
-        raise RpegError(f"{where}.async_bound: expected an integer in [0, 64], got {k!r}")
+        raise RpegError(f"{where}.async_bound: expected an integer in [0, 64], got "
+                        f"{show(k) if isinstance(k, int) and not isinstance(k, bool) else repr(k)[:80]}")
     colocated = entry.get("colocated", k == 0)
     gen, train = entry.get("generation") or {}, entry.get("training") or {}
     for name, part in (("generation", gen), ("training", train)):
@@ -295,7 +307,7 @@ def _stages_s(data: Any, where: str) -> dict[str, float]:
         value = data[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise RpegError(f"{where}.{key}: expected a number of seconds, got {value!r:.80}")
-        bad = problem(key, value, minimum=0)
+        bad = problem(key, value, minimum=0, maximum=MAX_SECONDS)
         if bad:
             raise RpegError(f"{where}.{key}: {bad}")
         out[key] = float(value)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rpeg.errors import RpegError
-from rpeg.graph.bounds import MAX_GPUS, problem
+from rpeg.graph.bounds import MAX_COEF, MAX_GPUS, problem
 from rpeg.graph.serde import read_yaml_file
 from rpeg.hardware import load_cluster
 from rpeg.perf.step import predict_step
@@ -84,7 +84,7 @@ def predict_ratio(entry: Any, where: str, cache: LayoutCache | None = None) -> R
     if faster == slower:
         raise RpegError(f"{where}: faster and slower are the same system ({faster})")
     ratio = entry.get("ratio")
-    bad = problem("ratio", ratio, positive=True) if "ratio" in entry else "missing 'ratio'"
+    bad = problem("ratio", ratio, positive=True, maximum=MAX_COEF) if "ratio" in entry else "missing 'ratio'"
     if bad:
         raise RpegError(f"{where}.ratio: {bad}" if "ratio" in entry else f"{where}: {bad}")
     gpus = entry.get("gpus")
