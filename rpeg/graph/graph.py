@@ -35,8 +35,8 @@ class WeightEdge:
     distance: int
 
 
-
 REFIT_GATHERS = ("shard", "full")  # passes/refit.py says what each means
+
 
 @dataclass(frozen=True, kw_only=True)
 class Graph:

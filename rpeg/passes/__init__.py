@@ -10,5 +10,5 @@ from rpeg.passes.rollout import partial_rollout
 from rpeg.passes.sharing import share_actor_critic
 from rpeg.passes.streaming import stream, unstreamable
 
-__all__ = ["PASSES", "PassCall", "PassPipeline", "bound_asynchrony", "colocate", "fuse", "parallelize", "partial_rollout", "place",
-           "refit", "share_actor_critic", "stream", "unstreamable"]
+__all__ = ["PASSES", "PassCall", "PassPipeline", "bound_asynchrony", "colocate", "fuse", "parallelize",
+           "partial_rollout", "place", "refit", "share_actor_critic", "stream", "unstreamable"]

@@ -223,18 +223,17 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
                          memory_parts=(("weights", weights), ("kv_cache", need - weights)), devices=layout.devices,
                          parts=(("does not fit", math.inf),))
     sim_n = min(n, SIM_SEQUENCES)
+    kw = dict(prompt=work.prompt_len, capacity_tokens=capacity, dtype=work.dtype)
     if work.partial:
         # Never draining: a step costs what one more step's sequences add to an engine that keeps
         # running, T(2n) - T(n); the tail of the longest response is paid once, not every step.
         lengths = response_lengths(work.response, sim_n)
-        kw = dict(prompt=work.prompt_len, capacity_tokens=capacity, dtype=work.dtype)
         one = simulate_instance(spec, layout, cluster, n=sim_n, lengths=lengths, **kw)
         two = simulate_instance(spec, layout, cluster, n=2 * sim_n, lengths=lengths + lengths, **kw)
         sim = {k: max(0.0, two[k] - one[k]) for k in one}
     else:
         lengths = critical_lengths(work.response, sim_n, work.sequences)
-        sim = simulate_instance(spec, layout, cluster, n=sim_n, prompt=work.prompt_len, lengths=lengths,
-                                capacity_tokens=capacity, dtype=work.dtype)
+        sim = simulate_instance(spec, layout, cluster, n=sim_n, lengths=lengths, **kw)
     scale = n / sim_n
     sim = {k: v * scale for k, v in sim.items()}
     if work.partial:  # once per step, whatever the number of simulated waves

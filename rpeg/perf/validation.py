@@ -333,7 +333,11 @@ def stage_split(graph, pred) -> dict[str, float]:
 
 
 def validate_file(path: str, progress=None) -> list[Result]:
-    data = read_yaml_file(path)
+    return validate_data(read_yaml_file(path), path, progress)
+
+
+def validate_data(data: Any, path: str, progress=None) -> list[Result]:
+    """The training and rl entries of a parsed validation file (`path` names it in messages)."""
     if not isinstance(data, dict):
         raise RpegError(f"{path}: expected a mapping with models, training, rl and ratios")
     unknown = sorted(set(data) - {"models", "training", "rl", "ratios"}, key=str)
@@ -391,5 +395,5 @@ def summary(results: list[Result]) -> dict[str, float | None]:
     return out
 
 
-__all__ = ["STAGES_S", "NemoRlRun", "Result", "StageResult", "mape", "stage_mapes", "stage_split", "nemo_rl_plan", "predict_rl", "predict_training", "read_rl_entry",
+__all__ = ["validate_data", "STAGES_S", "NemoRlRun", "Result", "StageResult", "mape", "stage_mapes", "stage_split", "nemo_rl_plan", "predict_rl", "predict_training", "read_rl_entry",
            "rl_graph", "summary", "validate_file"]

@@ -37,7 +37,8 @@ def weight_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: Par
     copy_s = shard / (dev.hbm_bandwidth_bytes_per_s * HBM[dev.kind].value)
     mp = train.tp * train.pp * train.ep
     if colocated and gather == "full":
-        parts = full_gather_parts(spec, train, cluster) + (("copy into engine", copy_s),)
+        parts = full_gather_parts(spec, train, cluster) + (("convert to engine format", _convert_s(total, dev)),
+                                                           ("copy into engine", copy_s))
     elif colocated:
         gather_s = all_gather_s(cluster, shard, Group(min(mp, cluster.gpus_per_node), 1))
         if mp > cluster.gpus_per_node:  # pipeline stages on other nodes
@@ -52,12 +53,10 @@ def weight_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: Par
         link = span.level.effective_bandwidth_bytes_per_s * link_efficiency(span.level.link)
         ring = broadcast_s(cluster, total, Group(gen.devices, 1))
         send_s = max(total / link + span.level.latency_s, ring)
-        gathers = full_gather_parts(spec, train, cluster)
-        convert = dict(gathers)["convert to engine format"]
-        gather_s = sum(v for _, v in gathers) - convert
+        gather_s = sum(v for _, v in full_gather_parts(spec, train, cluster))
         parts = (("broadcast to generation, one sender", send_s),
                  ("gather in full, beyond the broadcast", max(0.0, gather_s - send_s)),
-                 ("convert to engine format", convert), ("copy into engine", copy_s))
+                 ("convert to engine format", _convert_s(total, dev)), ("copy into engine", copy_s))
     else:
         span = cluster.span(2, max(1, separation))
         link = span.level.effective_bandwidth_bytes_per_s * link_efficiency(span.level.link)
@@ -74,12 +73,10 @@ def full_gather_parts(spec: ModelSpec, train: ParallelLayout, cluster: Cluster) 
     """Every device gathers every tensor in full (NeMo-RL's gather_params, FSDP's full_tensor(),
     ZeRO-3's GatheredParameters): the owning pipeline stage all-gathers each tensor over tensor
     parallelism (experts over expert parallelism), then broadcasts the full tensor over the
-    pipeline group; with ZeRO-3 the data-parallel ranks first all-gather their shards. The full
-    model is then converted to the engine's format (each tensor read and written once)."""
+    pipeline group; with ZeRO-3 the data-parallel ranks first all-gather their shards."""
     total = spec.params_total() * BF16
     experts = (spec.experts * spec.mlp_params(spec.moe_ffn) * spec.moe_layers * BF16) if spec.is_moe else 0.0
     dense = total - experts
-    dev = cluster.device
     parts = []
     if train.zero >= 3 and train.dp > 1:
         parts.append(("gather over data parallelism", all_gather_s(cluster, total / (train.tp * train.pp),
@@ -91,8 +88,12 @@ def full_gather_parts(spec: ModelSpec, train: ParallelLayout, cluster: Cluster) 
     if train.pp > 1:
         parts.append(("broadcast over pipeline stages",
                       broadcast_s(cluster, total, Group(train.pp, train.tp * train.cp * train.dp))))
-    parts.append(("convert to engine format", 2 * total / (dev.hbm_bandwidth_bytes_per_s * HBM[dev.kind].value)))
     return tuple(parts)
+
+
+def _convert_s(total: float, dev) -> float:
+    """The full model converted to the engine's format: each tensor read and written once."""
+    return 2 * total / (dev.hbm_bandwidth_bytes_per_s * HBM[dev.kind].value)
 
 
 # the four moves of a colocated step's context switch (their own lines in the breakdown)

@@ -122,7 +122,11 @@ def predict_ratio(entry: Any, where: str, cache: LayoutCache | None = None) -> R
 
 def ratios_file(path: str) -> list[RatioResult]:
     """Every `ratios:` entry of a validation file (the file's other sections are rpeg.perf.validation's)."""
-    data = read_yaml_file(path)
+    return ratios_data(read_yaml_file(path), path)
+
+
+def ratios_data(data: Any, path: str) -> list[RatioResult]:
+    """The `ratios:` entries of a parsed validation file (`path` names it in messages)."""
     if not isinstance(data, dict):
         raise RpegError(f"{path}: expected a mapping with models, training, rl and ratios")
     entries = data.get("ratios") or []
@@ -145,4 +149,4 @@ def within(results: list[RatioResult], low: float = 0.75, high: float = 1.33) ->
     return [r for r in results if r.off_by is not None and low <= r.off_by <= high]
 
 
-__all__ = ["RatioResult", "predict_ratio", "ratios_file", "within"]
+__all__ = ["RatioResult", "predict_ratio", "ratios_data", "ratios_file", "within"]
