@@ -17,6 +17,17 @@ from rpeg.graph.bounds import MAX_EPOCHS, MAX_POINTS, MAX_PROMPTS, MAX_SAMPLES, 
 
 DistKind = Literal["fixed", "uniform", "lognormal", "empirical"]
 
+# Responses that never emit an end token run to the length cap. Every RL framework counts them
+# (verl's `response_length/clip_ratio`, TRL's `completions/clipped_ratio`, slime's
+# `response_length_clip_ratio`; DAPO, arXiv 2503.14476, shapes the reward of these overlong samples
+# because they are common enough to matter), and they are not the tail of the log-normal body: a
+# repetition loop stops at the cap whatever the body's shape. 1% of responses is the default; the
+# step time depends on it only through whether a batch of N holds one (any fraction above ln 2 / N
+# puts the batch's longest response at the cap: 0.03% for N = 2048), and through their share of
+# E[r^2]. It is capped at half of the mean's tokens, since the cap times the fraction cannot exceed
+# the mean.
+RUNAWAY_FRACTION = 0.01
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LengthDistribution:
@@ -25,7 +36,9 @@ class LengthDistribution:
     - fixed: every response has `mean` tokens (`max` = `mean`).
     - uniform: between `min` and `max`, mean (min + max) / 2 (`mean` is derived).
     - lognormal: log-normal with the given mean and shape `sigma`, truncated at `max`
-      (the generator stops at max tokens: the mass above it sits at `max`).
+      (the generator stops at max tokens: the mass above it sits at `max`), mixed with a fraction
+      `runaway` of responses that never stop and run to `max` (default RUNAWAY_FRACTION; `mean`
+      is the mean of the mixture).
     - empirical: `points` are response lengths of a sample; each equally likely.
     """
 
@@ -35,6 +48,7 @@ class LengthDistribution:
     min: int = 1
     sigma: float = 0.8
     points: tuple[int, ...] = ()
+    runaway: float | None = None  # lognormal only: the fraction that runs to `max`; None: the default
 
     def __post_init__(self) -> None:
         kind = self.kind
@@ -64,6 +78,7 @@ class LengthDistribution:
                 raise RpegError(f"response length: lognormal needs 0 < mean ({self.mean:g}) <= max ({self.max})")
             if self.sigma <= 0:
                 raise RpegError(f"response length: lognormal sigma = {self.sigma} must be positive")
+            self._set_runaway()
         elif kind == "empirical":
             if not self.points or min(self.points) < 1:
                 raise RpegError("response length: empirical needs a non-empty list of positive lengths")
@@ -72,6 +87,30 @@ class LengthDistribution:
             object.__setattr__(self, "max", max(self.max, max(self.points)))
         else:
             raise RpegError(f"response length: unknown kind {kind!r} (fixed, uniform, lognormal, empirical)")
+        if kind != "lognormal":
+            if self.runaway:
+                raise RpegError(f"response length: runaway applies to a lognormal distribution, not {kind} (an "
+                                "empirical sample holds its own responses at the cap)")
+            object.__setattr__(self, "runaway", 0.0)
+
+    def _set_runaway(self) -> None:
+        c = self.runaway
+        if c is None:
+            c = min(RUNAWAY_FRACTION, 0.5 * self.mean / self.max) if self.mean < self.max else 0.0
+        else:
+            bad = problem("response length: runaway", c, minimum=0, maximum=1)
+            if bad:
+                raise RpegError(bad)
+            if c > 0 and c * self.max >= self.mean:
+                raise RpegError(f"response length: runaway = {c:g} of responses at max {self.max} alone give a mean "
+                                f"of {c * self.max:g} tokens, not below the mean {self.mean:g}")
+        object.__setattr__(self, "runaway", float(c))
+
+    @property
+    def _body_mean(self) -> float:
+        """Mean of the log-normal part: the mixture's mean without the runaways at `max`."""
+        c = self.runaway
+        return (self.mean - c * self.max) / (1 - c)
 
     @classmethod
     def fixed(cls, tokens: int) -> LengthDistribution:
@@ -87,22 +126,26 @@ class LengthDistribution:
         if self.kind == "empirical":
             pts = self.points  # sorted on construction
             return float(pts[min(int(q * len(pts)), len(pts) - 1)])
-        mu = _lognormal_mu(self.mean, self.sigma, self.max)
-        if q >= 1.0:
+        c = self.runaway
+        if q >= 1.0 - c:
             return float(self.max)
-        return min(float(self.max), math.exp(mu + self.sigma * _norm_ppf(q)))
+        mu = _lognormal_mu(self._body_mean, self.sigma, self.max)
+        return min(float(self.max), math.exp(mu + self.sigma * _norm_ppf(q / (1 - c))))
 
     def expect(self, fn, points: int = 256) -> float:
         """E[fn(length)]: exact for fixed and empirical; the midpoint rule over quantiles for
-        uniform; for the log-normal, the atom at `max` exactly plus quantile bins that shrink
-        geometrically toward the tail (a heavy tail holds much of the mean in little mass)."""
+        uniform; for the log-normal, the atom at `max` (truncation and runaways) exactly plus
+        quantile bins that shrink geometrically toward the tail (a heavy tail holds much of the mean
+        in little mass)."""
         if self.kind == "fixed":
             return fn(self.mean)
         if self.kind == "empirical":
             return sum(fn(p) for p in self.points) / len(self.points)
         if self.kind == "uniform":
             return sum(fn(self.quantile((i + 0.5) / points)) for i in range(points)) / points
-        return sum(w * fn(x) for x, w in _lognormal_nodes(self.mean, self.sigma, self.max))
+        c = self.runaway
+        body = sum(w * fn(x) for x, w in _lognormal_nodes(self._body_mean, self.sigma, self.max))
+        return (1 - c) * body + (c * fn(float(self.max)) if c else 0.0)
 
     def moments(self) -> tuple[float, float]:
         """(E[r], E[r^2]): enough for any cost that is quadratic in the length (causal attention)."""
@@ -112,11 +155,13 @@ class LengthDistribution:
         """Expected longest response among n independent ones: how long a batch of n runs."""
         if n <= 1:
             return self.mean
-        # E[max] = integral of the quantile function weighted by the density of the max's rank.
+        # E[max] = integral of the quantile function weighted by the density of the max's rank; the
+        # runaways' atom at `max` exactly (it may hold less mass than one bin)
         steps = 256
-        total = 0.0
+        top = 1.0 - self.runaway
+        total = float(self.max) * (1.0 - top ** n)
         for i in range(steps):
-            u0, u1 = i / steps, (i + 1) / steps
+            u0, u1 = top * i / steps, top * (i + 1) / steps
             total += self.quantile((u0 + u1) / 2) * (u1 ** n - u0 ** n)
         return total
 
@@ -126,7 +171,7 @@ class LengthDistribution:
         if self.kind == "uniform":
             return f"uniform {self.min}..{self.max}"
         if self.kind == "lognormal":
-            return f"lognormal mean {self.mean:g} max {self.max} sigma {self.sigma:g}"
+            return f"lognormal mean {self.mean:g} max {self.max} sigma {self.sigma:g} runaway {self.runaway:.2%}"
         return f"empirical mean {self.mean:.0f} max {self.max} ({len(self.points)} points)"
 
 

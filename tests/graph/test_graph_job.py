@@ -75,6 +75,27 @@ def test_lognormal_truncated_mean_is_the_requested_mean(mean, cap, sigma):
     assert d.quantile(0.5) <= min(cap, mean) or mean > cap / 2  # right-skewed unless the cap bites
 
 
+@pytest.mark.parametrize("mean, cap, runaway", [(749, 16234, None), (749, 16234, 0.03), (2000, 8192, 0.05),
+                                                (100, 32768, None)])
+def test_runaways_sit_at_the_cap_and_the_mean_holds(mean, cap, runaway):
+    d = LengthDistribution(kind="lognormal", mean=mean, max=cap, sigma=0.8, runaway=runaway)
+    c = d.runaway
+    assert c == (min(0.01, mean / cap / 2) if runaway is None else runaway)
+    assert _grid_mean(d) == pytest.approx(mean, rel=0.01)
+    assert d.expect(lambda r: r) == pytest.approx(mean, rel=0.01)
+    assert d.quantile(1 - c / 2) == cap and d.quantile(1 - 2 * c) < cap
+    body = LengthDistribution(kind="lognormal", mean=mean, max=cap, sigma=0.8, runaway=0.0)
+    assert d.moments()[1] > body.moments()[1]  # the runaways carry E[r^2]
+    assert cap >= d.expected_max(2048) >= cap * (1 - (1 - c) ** 2048)  # 2,048 responses likely hold one
+
+
+def test_a_batch_waits_for_a_runaway_only_when_it_likely_holds_one():
+    """The batch's longest (quantile 0.5 ** (1 / N)) is the cap once N exceeds ln 2 / runaway."""
+    d = LengthDistribution(kind="lognormal", mean=749, max=16234, sigma=0.8, runaway=0.001)
+    assert d.quantile(0.5 ** (1 / 1000)) == 16234  # 1,000 > ln 2 / 0.001 = 693
+    assert d.quantile(0.5 ** (1 / 400)) < 16234
+
+
 @settings(max_examples=25, deadline=None)
 @given(mean=st.floats(1.0, 8000.0), extra=st.floats(1.0, 8.0), sigma=st.floats(0.05, 2.5))
 def test_lognormal_mean_property(mean, extra, sigma):
@@ -105,6 +126,10 @@ def test_quantiles_monotone_and_expected_max_non_decreasing(dist):
     (dict(kind="empirical", points=()), "non-empty"),
     (dict(kind="empirical", points=(5, 0)), "positive lengths"),
     (dict(kind="gamma", mean=3), "unknown kind 'gamma'"),
+    (dict(kind="lognormal", mean=749, max=16384, runaway=0.05), "alone give a mean of 819.2 tokens"),
+    (dict(kind="lognormal", mean=749, max=16384, runaway=-0.01), "runaway = -0.01 must be >= 0"),
+    (dict(kind="lognormal", mean=749, max=16384, runaway=float("nan")), "runaway = nan"),
+    (dict(kind="fixed", mean=100, runaway=0.01), "runaway applies to a lognormal"),
 ])
 def test_bad_distributions(kwargs, words):
     with pytest.raises(RpegError, match="response length") as err:
