@@ -63,6 +63,9 @@ def split_unit(key: str) -> tuple[str, str] | None:
     return None
 
 
+HOSTS = ("x86", "grace")  # host CPUs the model knows (rpeg.perf.efficiency.HOST_TIME)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Device:
     """One device. Bandwidths are per device, per direction. `scaleup` is the NVLink / xGMI
@@ -79,6 +82,7 @@ class Device:
     scaleup_bandwidth_bytes_per_s: float
     sources: tuple[tuple[str, str], ...]  # (figure key as written in the file, where it comes from)
     description: str = ""
+    host: Literal["x86", "grace"] = "x86"  # the CPU that drives it (launches, engine scheduling)
 
     def __post_init__(self) -> None:
         bad = [f for f in ("bf16_flop_per_s", "hbm_capacity_bytes", "hbm_bandwidth_bytes_per_s")
@@ -88,6 +92,8 @@ class Device:
         if bad:
             raise RpegError(f"device {self.name!r}: {', '.join(bad)} must be positive "
                             f"(fp16, fp8 and scale-up may be 0: unsupported)")
+        if self.host not in HOSTS:
+            raise RpegError(f"device {self.name!r}: host {self.host!r} is not one of {', '.join(map(repr, HOSTS))}")
 
     def flop_per_s(self, dtype: str = "bf16") -> float:
         rate = {"bf16": self.bf16_flop_per_s, "fp16": self.fp16_flop_per_s, "fp8": self.fp8_flop_per_s}.get(dtype)

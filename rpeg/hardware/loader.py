@@ -15,13 +15,13 @@ from typing import Any, get_args
 
 from rpeg.errors import RpegError
 from rpeg.graph.serde import parse_yaml, read_yaml_file
-from rpeg.hardware.device import FIGURES, MAY_BE_ZERO, QUANTITY, UNITS, Device, split_unit, to_si
+from rpeg.hardware.device import FIGURES, HOSTS, MAY_BE_ZERO, QUANTITY, UNITS, Device, split_unit, to_si
 from rpeg.hardware.topology import Cluster, Level, Link
 
 CPU_LOCAL = "cpu-local"  # measured on this machine by `rpeg calibrate`, not read from a preset
 CACHE_ENV = "RPEG_CACHE_DIR"
 CPU_LOCAL_FILE = "cpu-local.yaml"
-DEVICE_KEYS = ("name", "kind", "description", "sources")
+DEVICE_KEYS = ("name", "kind", "description", "host", "sources")
 CLUSTER_KEYS = ("name", "description", "device", "gpus", "gpu_hour_usd", "levels", "sources")
 LEVEL_KEYS = ("name", "gpus", "link", "latency_us", "oversubscription", "sources")  # and bandwidth_<unit>
 
@@ -102,14 +102,18 @@ def device_from_data(data: Any, where: str, default_name: str = "") -> Device:
     if missing:
         raise RpegError(f"{where}: missing {', '.join(f + '_<unit>' for f in missing)} "
                         f"(every device states {', '.join(FIGURES)})")
-    sources = _sources(data.get("sources"), [k for k, _ in figures.values()], where)
+    host = data.get("host", "x86")
+    if host not in HOSTS:
+        raise RpegError(f"{where}: host: {_show(host)} is not one of {', '.join(map(repr, HOSTS))}")
+    sourced = [k for k, _ in figures.values()] + (["host"] if "host" in data else [])
+    sources = _sources(data.get("sources"), sourced, where)
     kind = data.get("kind", "gpu")
     if kind not in ("gpu", "cpu"):
         raise RpegError(f"{where}: kind: {kind!r} is not one of 'gpu', 'cpu'")
     try:
         return Device(name=_text(data.get("name", default_name), f"{where}: name"), kind=kind,
                       description=_text(data.get("description", ""), f"{where}: description"),
-                      sources=sources, **{FIGURES[f]: v for f, (_, v) in figures.items()})
+                      host=host, sources=sources, **{FIGURES[f]: v for f, (_, v) in figures.items()})
     except RpegError as e:
         raise RpegError(f"{where}: {e}") from None
 

@@ -17,12 +17,13 @@ def _num(x: float) -> str:
 
 
 def device_summary(devices: list[Device]) -> str:
-    rows = ["| device | bf16 TFLOP/s | fp16 TFLOP/s | fp8 TFLOP/s | HBM GB (reported) | HBM GB/s | scale-up GB/s (per direction) |",
-            "|---|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| device | bf16 TFLOP/s | fp16 TFLOP/s | fp8 TFLOP/s | HBM GB (reported) | HBM GB/s | scale-up GB/s (per direction) | host |",
+            "|---|---:|---:|---:|---:|---:|---:|---|"]
     for d in devices:
         rows.append(f"| `{d.name}` | {_num(d.bf16_flop_per_s / 1e12)} | {_num(d.fp16_flop_per_s / 1e12)} | "
                     f"{_num(d.fp8_flop_per_s / 1e12)} | {d.hbm_capacity_bytes / 1e9:.2f} | "
-                    f"{_num(d.hbm_bandwidth_bytes_per_s / 1e9)} | {_num(d.scaleup_bandwidth_bytes_per_s / 1e9)} |")
+                    f"{_num(d.hbm_bandwidth_bytes_per_s / 1e9)} | {_num(d.scaleup_bandwidth_bytes_per_s / 1e9)} | "
+                    f"{d.host} |")
     return "\n".join(rows)
 
 
@@ -31,6 +32,8 @@ def device_sources(devices: list[Device]) -> str:
     for d in devices:
         for figure in FIGURES:
             rows.append(f"| `{d.name}` | {figure} | {_cell(d.source(figure))} |")
+        if d.source("host"):
+            rows.append(f"| `{d.name}` | host | {_cell(d.source('host'))} |")
     return "\n".join(rows)
 
 

@@ -53,6 +53,15 @@ ATTENTION = {
 }
 KERNEL_LAUNCH_S = Factor(4e-6, "a CUDA kernel launch plus its tail costs a few microseconds; counted per kernel of "
                                "a layer (about 12 per layer forward) when work per kernel is small")
+HOST_TIME = {  # host-side time (Python, the PyTorch dispatcher, kernel launches) against an x86 server host
+    "x86": Factor(1.0, "the host the host-time figures here (KERNEL_LAUNCH_S, DECODE_*_S) were measured on: x86 "
+                       "servers (DGX A100 EPYC, DGX H100 Xeon 8480C)"),
+    "grace": Factor(2.6, "Grace (Arm Neoverse V2) hosts spend 2.5-2.8x as long on the host side of the same PyTorch "
+                         "call: a torch.nn.Linear forward (bf16, hidden 2048, 8192 tokens) took 13.5 us of CPU time "
+                         "on a DGX H100 (Xeon 8480C), 33.2 us on GH200 and 37.1 us on GB200 (TransformerEngine "
+                         "issue #2053, 2025); Megatron-Core's DeepSeek-V3-on-GB200 guide names this host-boundedness "
+                         "its largest performance problem"),
+}
 KERNELS_PER_LAYER = 12  # norms, QKV, rotary, attention, output, residual, MLP in/act/out: a forward layer's kernels
 
 # ---- generation engine (vLLM-class) --------------------------------------------------------------
@@ -104,6 +113,11 @@ def gemm_efficiency(device) -> float:
         if name.startswith(key):
             return GEMM_PEAK_FRACTION[key].value * LAYER_GEMM.value
     return DEFAULT_GEMM_PEAK_FRACTION.value * LAYER_GEMM.value
+
+
+def host_time(device) -> float:
+    """How much longer host-side work takes on the CPU that drives `device` (HOST_TIME)."""
+    return HOST_TIME[getattr(device, "host", "x86")].value
 
 
 def link_efficiency(link: str) -> float:

@@ -35,7 +35,7 @@ from rpeg.perf.collectives import Group, all_reduce_s
 from rpeg.perf.compute import BF16, head_forward, layer_forward
 from rpeg.perf.cost import StageCost
 from rpeg.perf.efficiency import (DECODE_OVERHEAD_PER_SEQ_S, DECODE_STEP_OVERHEAD_S, KV_MEMORY_UTILIZATION,
-                                  KV_MEMORY_UTILIZATION_COLOCATED, Factor)
+                                  KV_MEMORY_UTILIZATION_COLOCATED, Factor, host_time)
 from rpeg.perf.flops import expected_forward_flops
 
 MAX_NUM_SEQS = Factor(256, "vLLM's default cap on sequences in one batch (max_num_seqs)")
@@ -80,10 +80,11 @@ class _StepModel:
 
     def __init__(self, spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, dtype: str):
         self.spec, self.layout, self.cluster, self.dtype = spec, layout, cluster, dtype
+        self.host = host_time(cluster.device)
 
-    @staticmethod
-    def overhead(batch: float) -> float:
-        return DECODE_STEP_OVERHEAD_S.value + DECODE_OVERHEAD_PER_SEQ_S.value * batch
+    def overhead(self, batch: float) -> float:
+        """The engine's host time per decode step, on the CPU that drives the device (HOST_TIME)."""
+        return (DECODE_STEP_OVERHEAD_S.value + DECODE_OVERHEAD_PER_SEQ_S.value * batch) * self.host
 
     def __call__(self, batch: float, context: float) -> tuple[float, float]:
         """(seconds, of which TP communication)."""

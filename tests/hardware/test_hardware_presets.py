@@ -40,7 +40,9 @@ def test_every_device_loads_with_a_source_for_every_figure(name):
     assert device.name == name
     for figure in FIGURES:
         assert device.source(figure).strip(), f"{name}: {figure} has no source"
-    assert len(device.sources) == len(FIGURES)
+    assert len(device.sources) == len(FIGURES) + (device.host != "x86")  # a non-default host is sourced too
+    if device.host != "x86":
+        assert device.source("host").strip()
 
 
 @pytest.mark.parametrize("name", CLUSTERS)
@@ -130,3 +132,17 @@ def test_published_prices():
 def test_docs_tables_match_the_data_files():
     """docs/hardware.md holds `python -m rpeg.hardware.report` verbatim: regenerate it when a file changes."""
     assert preset_tables() in DOCS.read_text(encoding="utf-8")
+
+
+def test_grace_hosts_are_named_and_a_bad_host_is_one_line(tmp_path):
+    from rpeg.errors import RpegError
+    from rpeg.hardware.loader import device_from_data
+
+    assert {load_device(n).host for n in ("gh200-96gb", "gh200-144gb", "gb200")} == {"grace"}
+    assert load_device("h100-sxm").host == "x86"
+    base = {k: v for k, v in __import__("yaml").safe_load(
+        (pathlib.Path(__file__).parents[2] / "rpeg/hardware/devices/h100-sxm.yaml").read_text()).items()}
+    with pytest.raises(RpegError, match="host: 'arm' is not one of 'x86', 'grace'"):
+        device_from_data({**base, "host": "arm"}, "x.yaml")
+    with pytest.raises(RpegError, match="sources.host: missing"):
+        device_from_data({**base, "host": "grace"}, "x.yaml")

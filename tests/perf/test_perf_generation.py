@@ -221,3 +221,21 @@ def test_partial_rollout_needs_asynchrony_and_the_peers_that_have_it_use_it():
     cluster = load_cluster("dgx-h100", 16)
     plans = {n: BASELINES[n].build(g, cluster, 16, LayoutCache()) for n in BASELINES}
     assert {n for n, q in plans.items() if q.partial_rollout} == {"areal", "verl-fully-async"}
+
+
+def test_a_grace_host_pays_its_host_time_and_nothing_else():
+    """The same GPU figures behind a Grace host: the engine's per-step host overhead grows by
+    HOST_TIME[grace]; decode kernels, prefill and communication do not change."""
+    import dataclasses
+
+    from rpeg.hardware.topology import Cluster
+    from rpeg.perf.efficiency import HOST_TIME
+
+    x86 = load_cluster("dgx-h100", 8)
+    grace = dataclasses.replace(x86, device=dataclasses.replace(x86.device, host="grace"))
+    assert isinstance(grace, Cluster)
+    work = GenWorkload(sequences=512, prompt_len=256, response=LOGNORMAL)
+    a, b = (dict(generation_cost("g", SMALL, Layout(dp=8), c, work).parts) for c in (x86, grace))
+    assert b["engine step overhead"] == pytest.approx(a["engine step overhead"] * HOST_TIME["grace"].value)
+    for part in ("prefill", "decode"):
+        assert b[part] == pytest.approx(a[part])
