@@ -12,7 +12,7 @@ from rpeg.hardware.report import preset_tables
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "hardware.md"
 DEVICES = ("a100-80gb-sxm", "h100-sxm", "h200-sxm", "h20", "gh200-96gb", "gh200-144gb", "b200", "gb200", "mi300x")
 CLUSTERS = ("dgx-a100-80gb", "dgx-h100", "dgx-h200", "dgx-b200", "h20", "gb200-nvl72", "alps-gh200", "mi300x",
-            "cpu-local")
+            "hybridflow-a100", "cpu-local")
 T, G = 1e12, 1e9
 
 
@@ -146,3 +146,8 @@ def test_grace_hosts_are_named_and_a_bad_host_is_one_line(tmp_path):
         device_from_data({**base, "host": "arm"}, "x.yaml")
     with pytest.raises(RpegError, match="sources.host: missing"):
         device_from_data({**base, "host": "grace"}, "x.yaml")
+
+
+def test_hybridflow_testbed_has_one_200_gbit_link_per_machine():
+    c = load_cluster("hybridflow-a100", 128)
+    assert c.levels[-1].bandwidth_bytes_per_s * 8 == pytest.approx(200e9 / 8)  # 25 GB/s per node, per GPU 1/8

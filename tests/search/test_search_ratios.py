@@ -57,7 +57,7 @@ def test_an_average_over_models_is_the_mean_of_their_ratios():
 
 def test_the_repository_ratios_run_and_print(capsys):
     results = ratios_file(str(DATA))
-    assert len(results) == 5 and all(r.predicted is not None and r.predicted > 0 for r in results)
+    assert len(results) == 6 and all(r.predicted is not None and r.predicted > 0 for r in results)
     assert within(results, 0.0, float("inf")) == results
     assert main(["validate", str(DATA)]) == 0
     out = capsys.readouterr().out
