@@ -51,6 +51,7 @@ class Graph:
     async_bound: int = 0
     refit_gather: str = "shard"  # how a colocated weight sync assembles the engine's weights (passes/refit.py)
     partial_rollout: bool = False  # generation engines never drain between steps (passes/rollout.py)
+    reference_on_host: bool = False  # reference weights swapped in from host memory (passes/reference.py)
     fusion: tuple[tuple[str, ...], ...] = ()
     streams: tuple[Stream, ...] = ()
     groups: tuple[DeviceGroup, ...] = ()

@@ -137,6 +137,10 @@ def _weights(g: Graph) -> list[Violation]:
     if g.partial_rollout and g.async_bound < 1:
         out.append(Violation("partial-rollout", f"partial rollout carries responses across weight updates: it "
                                                 f"needs an async bound k >= 1, not {g.async_bound}"))
+    if g.reference_on_host:
+        why = reference_host_problem(g)
+        if why:
+            out.append(Violation("reference-on-host", f"reference weights on the host: {why}"))
     if g.async_bound < 0:
         out.append(Violation("async-bound", f"async bound k = {g.async_bound} must be >= 0"))
     trained: dict[str, list[str]] = {}
@@ -207,6 +211,22 @@ def _dataflow(g: Graph) -> list[Violation]:
 
 
 # ---- execution annotations -----------------------------------------------------------------------
+def reference_host_problem(g: Graph) -> str | None:
+    """Why the reference's weights cannot be swapped in from host memory for its pass (it borrows
+    the actor's model on the actor's training devices), or None if they can."""
+    refs = [s for s in g.stages if s.model == "ref" and s.kind is Kind.INFER]
+    if not refs:
+        return f"graph {g.algorithm!r} runs no reference model"
+    train = next((s for s in g.stages if s.kind is Kind.TRAIN and s.model == "actor"), None)
+    if train is None:
+        return "no actor training stage to borrow the model from"
+    for s in refs:
+        if s.group is not None and train.group is not None and not g.group(s.group).overlaps(g.group(train.group)):
+            return (f"{s.name!r} runs on {s.group!r}, not on the actor's training devices ({train.group!r}): the swap "
+                    "borrows the actor's model, so place the reference pass there")
+    return None
+
+
 def fusion_problem(g: Graph, group: tuple[str, ...]) -> str | None:
     """Why the stages of `group` cannot share one pass, or None if they can.
 

@@ -22,6 +22,7 @@ from rpeg.passes.asynchrony import bound_asynchrony
 from rpeg.passes.fusion import fuse
 from rpeg.passes.parallelize import parallelize
 from rpeg.passes.placement import colocate, place
+from rpeg.passes.reference import reference_on_host
 from rpeg.passes.refit import refit
 from rpeg.passes.rollout import partial_rollout
 from rpeg.passes.sharing import share_actor_critic
@@ -38,6 +39,7 @@ PASSES: dict[str, tuple[Callable[..., Graph], str]] = {
     "parallelize": (parallelize, "a stage's DP/TP/PP/CP/EP layout, ZeRO stage and recomputation"),
     "partial_rollout": (partial_rollout, "generation never drains: running responses carry into the next step (k >= 1)"),
     "refit": (refit, "how a colocated weight sync gathers the engine's weights: its shard, or every tensor in full"),
+    "reference_on_host": (reference_on_host, "the reference's weights wait in host memory and are swapped in for its pass"),
 }
 
 

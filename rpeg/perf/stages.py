@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from rpeg.errors import RpegError
 from rpeg.graph import Graph, Kind, Stage
 from rpeg.hardware.topology import Cluster
+from rpeg.perf import memory
+from rpeg.perf.compute import BF16
 from rpeg.perf.cost import StageCost
-from rpeg.perf.efficiency import Factor
+from rpeg.perf.efficiency import HOST_LINK_BYTES_PER_S, Factor
 from rpeg.perf.generation import GenWorkload, generation_cost
 from rpeg.perf.training import PassWorkload, pass_cost
 from rpeg.perf.weightsync import weight_sync_cost
 
+SWAPS = 3  # reference_on_host: the actor's weights out, the reference's in, the actor's back in (passes/reference.py)
 PACKED_TOKENS = Factor(1.0, "sequence packing fills a training or logprob micro-batch up to one maximum-length "
                             "sequence of tokens (NeMo-RL's and verl's default token budget per micro-batch)")
 
@@ -49,8 +54,22 @@ def stage_cost(graph: Graph, stage: Stage, cluster: Cluster) -> StageCost:
         work = GenWorkload(sequences=graph.stage_sequences(stage), prompt_len=graph.job.prompt_len,
                            response=graph.job.response, partial=graph.partial_rollout)
         return generation_cost(stage.name, spec, stage.layout, cluster, work, colocated=_shares_with_training(graph, stage))
-    return pass_cost(stage.name, spec, stage.layout, cluster,
-                     _pass_workload(graph, stage, train=stage.kind is Kind.TRAIN))
+    cost = pass_cost(stage.name, spec, stage.layout, cluster, _pass_workload(graph, stage, train=stage.kind is Kind.TRAIN))
+    if graph.reference_on_host and stage.model == "ref" and stage.kind is Kind.INFER:
+        cost = _with_reference_swap(graph, stage, cost)
+    return cost
+
+
+def _with_reference_swap(graph: Graph, stage: Stage, cost: StageCost) -> StageCost:
+    """The reference pass borrows the actor's model: the actor's per-device weights go to the host,
+    the reference's come in, and the actor's go back (passes/reference.py): SWAPS copies of the
+    per-device bf16 weights over the host link, before and after the pass."""
+    train = next(s for s in graph.stages if s.kind is Kind.TRAIN and s.model == "actor")
+    layout = train.layout or stage.layout
+    bytes_ = SWAPS * BF16 * memory.params_per_device(graph.model("actor").spec, layout)
+    swap = bytes_ / HOST_LINK_BYTES_PER_S.value
+    return dataclasses.replace(cost, seconds=cost.seconds + swap, memory_s=cost.memory_s + swap,
+                               parts=cost.parts + (("reference weights swapped through the host", swap),))
 
 
 def _shares_with_training(graph: Graph, stage: Stage) -> bool:

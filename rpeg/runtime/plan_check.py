@@ -29,6 +29,9 @@ def check_plan(graph: Graph) -> None:
                             "expert parallelism, and tensor-parallel generation engines, are planned, not executed")
     if graph.streams:
         raise RpegError("the plan streams micro-batches between stages; the runtime hands whole batches over")
+    if graph.reference_on_host:
+        raise RpegError("the plan keeps the reference's weights on the host and swaps them in (NeMo-RL's way); the "
+                        "runtime holds the reference model on its devices")
     if graph.partial_rollout:
         raise RpegError("the plan carries responses across steps (partial rollout); the runtime generates each "
                         "step's batch to the end")

@@ -114,7 +114,7 @@ def test_the_refit_pass_sets_the_gather_the_cost_follows_it_and_bad_values_are_r
                                    "response": {"kind": "fixed", "mean": 512}}})
     cluster = cl("dgx-h100", 16)
     plan = BASELINES["nemo-rl"].build(spec.graph(), cluster, 16, LayoutCache())
-    assert plan.refit_gather == "full" and plan.history[-1] == "refit(gather='full')"
+    assert plan.refit_gather == "full" and "refit(gather='full')" in plan.history
     assert graph_from_text(graph_to_yaml(plan)) == plan
     from rpeg.perf.step import predict_step
 

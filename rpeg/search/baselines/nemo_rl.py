@@ -14,13 +14,14 @@ NeMo-Aligner (arXiv 2405.01481).
 turns; the refit from Megatron to vLLM is the colocated `actor_sync`, the offload/onload the
 context switch; the refit gathers every tensor in full on every GPU, `gather_params` in
 nemo_rl/models/megatron/refit_utils.py: tensor-parallel all-gather, full-tensor broadcast over
-the pipeline group, expert all-gather; `refit(gather="full")`). Training and forward passes: any
+the pipeline group, expert all-gather; `refit(gather="full")`); the reference's weights wait on the host and are swapped
+in for its pass (`use_reference_model`, `reference_on_host()`). Training and forward passes: any
 tp inside a node, pp, cp (1-8), EP for MoE, and ZeRO-1 (Megatron's distributed optimizer shards
 optimizer state only). Generation: vLLM tensor parallelism inside a node.
 
 `nemo-rl-one-step-off` models: k = 1 (max_trajectory_age_steps = 1); generation on its own half
 of the GPUs (whole nodes where each side can have one, else GPUs; one GPU: colocated), everything
-else on the other half; the refit crosses the halves.
+else on the other half (the reference swapped in on the training half); the refit crosses the halves.
 
 Left out: the DTensor (FSDP2 + TP) policy backend; in-flight weight updates during generation;
 vLLM pipeline parallelism and expert parallelism in the engine separate from training's;
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 from rpeg.graph import Graph
 from rpeg.hardware.topology import Cluster
-from rpeg.passes import bound_asynchrony, colocate, refit
+from rpeg.passes import bound_asynchrony, colocate, reference_on_host, refit
 from rpeg.search.baselines.common import check_input, finish, node_divisors, split_generation
 from rpeg.search.layouts import LayoutCache, LayoutOptions
 
@@ -52,7 +53,7 @@ def build(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Grap
     check_input(graph, cluster, gpus, "nemo-rl")
     g = bound_asynchrony(graph, 0)
     g = colocate(g, gpus)  # policy.generation.colocated.enabled = true
-    g = refit(g, REFIT_GATHER)
+    g = _reference(refit(g, REFIT_GATHER))
     return finish(g, cluster, options(cluster), cache, "nemo-rl")
 
 
@@ -60,5 +61,10 @@ def build_one_step_off(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutC
     check_input(graph, cluster, gpus, "nemo-rl-one-step-off")
     g = bound_asynchrony(graph, MAX_TRAJECTORY_AGE_STEPS)
     g = split_generation(g, cluster, gpus, GENERATION_SHARE, "generation")
-    g = refit(g, REFIT_GATHER)
+    g = _reference(refit(g, REFIT_GATHER))
     return finish(g, cluster, options(cluster), cache, "nemo-rl-one-step-off")
+
+
+def _reference(g: Graph) -> Graph:
+    """NeMo-RL keeps the reference's weights on the host (see the module docstring)."""
+    return reference_on_host(g) if any(s.model == "ref" for s in g.stages) else g
