@@ -9,8 +9,11 @@ device's bandwidth across the level separating the groups), then broadcast among
 generation instances.
 
 A context switch is what colocation costs besides the sync: while the engine generates, the
-trainer's state (bf16 weights, fp32 gradients, optimizer state) is moved to host memory and
-back afterwards, over the host link.
+trainer's state (bf16 weights and the optimizer's fp32 master weights and moments, each as sharded
+as the layout keeps them) is moved to host memory and back afterwards, over the host link. The
+gradients are dropped, not moved: Megatron's `offload_to_cpu` frees the gradient buffer and
+`reload_from_cpu` zeroes a fresh one (megatron/core/distributed/param_and_grad_buffer.py), and FSDP
+trainers set them to None after the optimizer step (verl, OpenRLHF).
 """
 
 from __future__ import annotations
@@ -107,8 +110,9 @@ def context_switch_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: 
     """Offload the trainer's state to host before generation and reload it after; the engine
     likewise releases its weights after generation (vLLM's sleep mode) and reloads them."""
     params = memory.params_per_device(spec, train)
-    shard = train.dp if train.zero >= 1 else 1
-    state = params * (BF16 + 4) + params * 12 / shard  # weights, fp32 grads, optimizer
+    opt_shard = train.dp if train.zero >= 1 else 1
+    weight_shard = train.dp if train.zero >= 3 else 1
+    state = params * BF16 / weight_shard + params * 12 / opt_shard  # weights, optimizer (gradients dropped)
     engine = spec.params_total() * BF16 / (gen.tp * gen.pp)
     host = HOST_LINK_BYTES_PER_S.value
     parts = ((OFFLOAD_TRAINER, state / host), (RELOAD_TRAINER, state / host), (ENGINE_SLEEP, engine / host),
