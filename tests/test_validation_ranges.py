@@ -21,6 +21,14 @@ from tests.test_validation import SCHEMA
     (("mean_seq_len: 900,", "mean_seq_len: 9000,"), "mean_seq_len = 9000 exceeds max_seq_len = 2048"),
     (("async_bound: 1,", "async_bound: -1,"), "(r-alps).async_bound: expected an integer in [0, 64]"),
     (("prompts: 8,", "prompts: 8.5,"), "(r-gb200).prompts: expected an integer, got 8.5"),
+    (("training: {tp: 2, cp: 2,", "training: {tp: 2, packing: yes please, cp: 2,"),
+     "(r-alps).training.packing: expected true or false"),
+    (("training: {tp: 2, cp: 2,", "training: {tp: 2, logprob_batch: 0, cp: 2,"),
+     "(r-alps).training.logprob_batch: logprob_batch = 0 must be positive"),
+    (("training: {tp: 2, cp: 2,", "training: {tp: 2, micro_bach: 2, cp: 2,"),
+     "(r-alps).training: unknown key 'micro_bach'"),
+    (("generation: {tp: 2, pp: 1, ep: 2}", "generation: {tp: 2, pp: 1, ep: 2, cp: 2}"),
+     "(r-gb200).generation: unknown key 'cp'"),
 ])
 def test_bad_fields_are_one_line_naming_entry_and_field(tmp_path, capsys, edit, needle):
     assert edit[0] in SCHEMA

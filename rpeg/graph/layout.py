@@ -47,6 +47,11 @@ class ParallelLayout:
     sequence_parallel: Megatron SP along tp; pp_interleave: virtual stages per pipeline rank;
     pp_uneven: allow pipeline stages with unequal layer counts (Megatron's first/last-stage layer
     options), for models whose layers pp does not divide (DeepSeek-V3's 61).
+    micro_batch, packing: what one micro-batch of a training or forward pass holds. With sequence
+    packing (the default) sequences are packed into micro-batches of micro_batch x the job's
+    longest sequence in tokens (NeMo-RL's train_mb_tokens / logprob_mb_tokens, verl's
+    ppo_max_token_len_per_gpu); without it, micro_batch sequences, each padded to the batch's
+    longest (Hugging Face-style padded batches).
     """
 
     dp: int = 1
@@ -59,9 +64,11 @@ class ParallelLayout:
     sequence_parallel: bool = False
     pp_interleave: int = 1
     pp_uneven: bool = False
+    micro_batch: int = 1
+    packing: bool = True
 
     def __post_init__(self) -> None:
-        bad = [f"{f} = {getattr(self, f)}" for f in ("dp", "tp", "pp", "cp", "ep", "pp_interleave")
+        bad = [f"{f} = {getattr(self, f)}" for f in ("dp", "tp", "pp", "cp", "ep", "pp_interleave", "micro_batch")
                if getattr(self, f) < 1]
         if bad:
             raise RpegError(f"parallel layout: {', '.join(bad)} must be >= 1")
@@ -100,4 +107,8 @@ class ParallelLayout:
             parts.append(f"vpp{self.pp_interleave}")
         if self.pp_uneven:
             parts.append("uneven-pp")
+        if self.micro_batch != 1:
+            parts.append(f"mb{self.micro_batch}")
+        if not self.packing:
+            parts.append("unpacked")
         return " ".join(parts) or "single device"

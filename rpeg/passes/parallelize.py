@@ -16,22 +16,23 @@ from rpeg.passes.base import call_text, finish, refuse
 
 def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
                 zero: int = 0, recompute: str = "none", sequence_parallel: bool = False,
-                pp_interleave: int = 1, pp_uneven: bool = False) -> Graph:
+                pp_interleave: int = 1, pp_uneven: bool = False, micro_batch: int = 1,
+                packing: bool = True) -> Graph:
     call = call_text("parallelize", stage=stage, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero,
                      recompute=recompute)
     if stage not in graph.stage_names:
         raise refuse(call, f"no stage {stage!r} (stages: {', '.join(graph.stage_names)})")
-    degrees = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, pp_interleave=pp_interleave)
+    degrees = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, pp_interleave=pp_interleave, micro_batch=micro_batch)
     wrong = [f"{k} = {v!r}" for k, v in degrees.items() if isinstance(v, bool) or not isinstance(v, int)]
-    wrong += [f"{k} = {v!r}" for k, v in (("sequence_parallel", sequence_parallel), ("pp_uneven", pp_uneven))
-              if not isinstance(v, bool)]
+    wrong += [f"{k} = {v!r}" for k, v in (("sequence_parallel", sequence_parallel), ("pp_uneven", pp_uneven),
+                                          ("packing", packing)) if not isinstance(v, bool)]
     if not isinstance(recompute, str):
         wrong.append(f"recompute = {recompute!r}")
     if wrong:
         raise refuse(call, "expected whole numbers, true/false and a recompute name: " + ", ".join(wrong))
     try:
         layout = ParallelLayout(**degrees, recompute=recompute, sequence_parallel=sequence_parallel,
-                                pp_uneven=pp_uneven)
+                                pp_uneven=pp_uneven, packing=packing)
     except RpegError as e:
         raise refuse(call, str(e)) from None
     new = graph.stage(stage).replace(layout=layout)

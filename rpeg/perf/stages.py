@@ -16,8 +16,9 @@ from rpeg.perf.training import PassWorkload, pass_cost
 from rpeg.perf.weightsync import weight_sync_cost
 
 SWAPS = 3  # reference_on_host: the actor's weights out, the reference's in, the actor's back in (passes/reference.py)
-PACKED_TOKENS = Factor(1.0, "sequence packing fills a training or logprob micro-batch up to one maximum-length "
-                            "sequence of tokens (NeMo-RL's and verl's default token budget per micro-batch)")
+PACKED_TOKENS = Factor(1.0, "sequence packing fills a training or logprob micro-batch up to its token budget "
+                            "(micro_batch x the longest sequence: NeMo-RL's train_mb_tokens / logprob_mb_tokens, "
+                            "verl's ppo_max_token_len_per_gpu)")
 
 
 def attention_context(graph: Graph) -> float:
@@ -30,15 +31,28 @@ def attention_context(graph: Graph) -> float:
     return e_s2 / (2 * e_s)
 
 
+def padded_length(graph: Graph) -> float:
+    """The longest sequence of the step's batch, to which an unpacked batch pads every sequence:
+    the prompt plus the median of the longest of the step's responses (quantile 0.5 ** (1 / N))."""
+    job = graph.job
+    return job.prompt_len + job.response.quantile(0.5 ** (1 / max(1, job.sequences)))
+
+
 def _pass_workload(graph: Graph, stage: Stage, *, train: bool) -> PassWorkload:
     job = graph.job
     seqs = graph.stage_sequences(stage)
-    mean = job.mean_seq_len
-    micro = max(1.0, PACKED_TOKENS.value * job.max_seq_len / mean)
+    layout = stage.layout
+    mb = layout.micro_batch if layout is not None else 1
+    if layout is None or layout.packing:  # micro-batches packed up to their token budget
+        seq_len, context = job.mean_seq_len, attention_context(graph)
+        micro = max(1.0, PACKED_TOKENS.value * mb * job.max_seq_len / seq_len)
+    else:  # mb sequences per micro-batch, each padded to the batch's longest; attention over the padding too
+        seq_len = padded_length(graph)
+        context, micro = (seq_len + 1) / 2, float(mb)
     steps = job.ppo_epochs * job.mini_batches if train else 1
     per_step = seqs / job.mini_batches if train else seqs
     value_head = train and "value" in graph.model(stage.model).heads
-    return PassWorkload(sequences=per_step, seq_len=mean, attention_context=attention_context(graph),
+    return PassWorkload(sequences=per_step, seq_len=seq_len, attention_context=context,
                         micro_batch=micro, optimizer_steps=steps, forward_only=not train, value_head=value_head)
 
 

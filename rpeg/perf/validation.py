@@ -14,8 +14,11 @@ Assumptions the schema leaves open, the same for every entry:
   in Megatron), fp16, with the distributed optimizer off (dp = 1 in every row).
 - RL entries: GRPO as NeMo-RL runs it: generation, policy logprobs, reference logprobs (its GRPO
   default reference_policy_kl_penalty is 0.01), training, refit; Megatron's distributed optimizer
-  (ZeRO-1) for training; one vLLM engine per `generation.tp x pp` devices. Prompt length PROMPT_TOKENS; response lengths log-normal with the
-  entry's mean, truncated at its max, shape RESPONSE_SIGMA.
+  (ZeRO-1) for training; one vLLM engine per `generation.tp x pp` devices; the reference's weights
+  swapped in from the host (`reference_on_host`); sequence packing with micro-batches of
+  `training.micro_batch` (1) and `training.logprob_batch` (NEMO_RL_LOGPROB_BATCH) maximum-length
+  sequences unless the entry says `packing: false`. Prompt length PROMPT_TOKENS; response lengths
+  log-normal with the entry's mean, truncated at its max, shape RESPONSE_SIGMA.
 """
 
 from __future__ import annotations
@@ -45,6 +48,11 @@ NEMO_RL_KL = Factor(0.01, "NeMo-RL's GRPO default reference_policy_kl_penalty (g
                           "logprob pass every step")
 NEMO_RL_ZERO = Factor(1, "NeMo-RL's Megatron policy uses the distributed optimizer (use_distributed_optimizer: "
                          "true in its Megatron configs): optimizer state sharded over data parallelism, ZeRO-1")
+NEMO_RL_LOGPROB_BATCH = Factor(4, "NeMo-RL's default policy.logprob_batch_size (grpo_math_1B.yaml at v0.5.0, the "
+                                   "8B/70B/30B-A3B Megatron configs at v0.3.0): with sequence packing a logprob "
+                                   "micro-batch holds 4 x max_total_sequence_length tokens")
+TRAIN_LAYOUT_KEYS = {"tp", "pp", "cp", "ep", "sequence_parallel", "recompute", "micro_batch", "logprob_batch", "packing"}
+GEN_LAYOUT_KEYS = {"tp", "pp", "ep"}
 
 TRAIN_KEYS = {"id", "system", "model", "gpus", "tp", "pp", "dp", "cp", "ep", "global_batch", "micro_batch", "seq",
               "recompute", "pp_interleave", "measured_iteration_s", "sequence_parallel", "notes", "source"}
@@ -230,10 +238,18 @@ def read_rl_entry(entry: dict, models: dict[str, ModelSpec], where: str) -> Nemo
         gen_gpus = _need(entry, "gen_gpus", where)
         if gpus - gen_gpus <= 0:
             raise RpegError(f"{where}: gen_gpus = {gen_gpus} leaves no training devices of {gpus}")
+    _check_keys(gen, GEN_LAYOUT_KEYS, f"{where}.generation")
+    _check_keys(train, TRAIN_LAYOUT_KEYS, f"{where}.training")
     generation = {k: _get(gen, k, f"{where}.generation", 1) for k in ("tp", "pp", "ep")}
-    training = {k: _get(train, k, f"{where}.training", 1) for k in ("tp", "pp", "cp", "ep")}
+    training = {k: _get(train, k, f"{where}.training", 1) for k in ("tp", "pp", "cp", "ep", "micro_batch")}
+    training["logprob_batch"] = _get(train, "logprob_batch", f"{where}.training", int(NEMO_RL_LOGPROB_BATCH.value))
     training["sequence_parallel"] = bool(train.get("sequence_parallel", False))
     training["recompute"] = train.get("recompute", "none")
+    packing = train.get("packing", True)
+    if not isinstance(packing, bool):
+        raise RpegError(f"{where}.training.packing: expected true or false (policy.sequence_packing.enabled), "
+                        f"got {packing!r:.80}")
+    training["packing"] = packing
     return NemoRlRun(model=spec, system=_need(entry, "system", where, str), gpus=gpus, job=job,
                      algorithm=entry.get("algorithm", "grpo"), async_bound=k, colocated=bool(colocated),
                      gen_gpus=gen_gpus, generation=generation, training=training)
@@ -268,8 +284,10 @@ def nemo_rl_plan(run: NemoRlRun, where: str):
                and ttp > 1, pp_uneven=bool(spec.layers % tpp))
     for s in g.stages:
         if s.kind.value in ("infer", "train") or (s.kind.value == "reward" and s.model):
-            extra = {"zero": NEMO_RL_ZERO.value, "recompute": run.training["recompute"]} if s.kind.value == "train" else {}
-            g = parallelize(g, s.name, **lay, **extra)
+            train = s.kind.value == "train"
+            extra = {"zero": NEMO_RL_ZERO.value, "recompute": run.training["recompute"]} if train else {}
+            mb = run.training["micro_batch" if train else "logprob_batch"]
+            g = parallelize(g, s.name, **lay, **extra, micro_batch=mb, packing=run.training["packing"])
     g = refit(g, "full")  # NeMo-RL's refit gathers every tensor in full (refit_utils.gather_params)
     if any(s.model == "ref" for s in g.stages):
         g = reference_on_host(g)  # the reference's weights wait on the host (use_reference_model)
