@@ -10,7 +10,7 @@
     rpeg plan JOB.yaml --cluster C --gpus N  the best plan beside verl's, ReaL's, ... (trace, Gantt)
     rpeg train JOB.yaml [--resume]          train for real on Ray + PyTorch (the job's runtime section)
     rpeg hardware                           device and cluster presets with their figures
-    rpeg calibrate                          measure this machine (the cpu-local device)
+    rpeg calibrate [--devices D]            measure this machine (the cpu-local device; D sharing its cores)
 
 ALGO may also be a job file (YAML/JSON, see rpeg/spec.py). Bad input prints one line,
 `rpeg: error: ...`, and exits with 2.

@@ -28,6 +28,9 @@ def add_parsers(sub) -> None:
     ca.add_argument("--seconds", type=real(0.05, 600), default=2.0, help="time budget of the measurements (2)")
     ca.add_argument("--if-missing", action="store_true",
                     help="measure only if the file does not exist yet (else print its figures)")
+    ca.add_argument("--devices", type=count(1, 64), default=1,
+                    help="measure this machine as D devices sharing its cores, each while all D run, for plans "
+                         "on D cpu-local devices (writes cpu-local-xD.yaml; default 1)")
     ca.set_defaults(fn=cmd_calibrate)
 
 
@@ -237,11 +240,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from rpeg.hardware.calibrate import calibrate
     from rpeg.hardware.loader import cpu_local_path, load_cpu_local
 
-    path = args.out or cpu_local_path()
+    path = args.out or cpu_local_path(args.devices)
     if args.if_missing and os.path.isfile(path):
-        dev, what = load_cpu_local(path), "measured before; read from"
+        dev, what = load_cpu_local(path, args.devices), "measured before; read from"
     else:
-        dev, what = calibrate(path, args.seconds), "written to"
-    print(f"cpu-local: {dev.bf16_flop_per_s / 1e9:.1f} GFLOP/s matmul, {dev.hbm_bandwidth_bytes_per_s / 1e9:.1f} GB/s "
-          f"memory, {dev.hbm_capacity_bytes / 1e9:.1f} GB; {what} {path}")
+        dev, what = calibrate(path, args.seconds, args.devices), "written to"
+    each = f" as {args.devices} devices, each" if args.devices > 1 else ""
+    print(f"cpu-local{each}: {dev.bf16_flop_per_s / 1e9:.1f} GFLOP/s matmul, {dev.hbm_bandwidth_bytes_per_s / 1e9:.1f} "
+          f"GB/s memory, {dev.hbm_capacity_bytes / 1e9:.1f} GB; {what} {path}")
     return 0

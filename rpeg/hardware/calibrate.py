@@ -14,7 +14,14 @@ the numpy version) as its source, to `$RPEG_CACHE_DIR/cpu-local.yaml` (default
 .loader): loading never measures and never writes; without the file it is an error that says to
 run `rpeg calibrate`. Nothing here runs at import time.
 
-Measure (again): `rpeg calibrate [--seconds S]`.
+Several devices on one machine (`--devices D`, D > 1): the runtime runs a plan for D devices as D
+worker processes that share this machine's cores (each with cores // D threads), so a device's
+rate is what it reaches while the other D - 1 run too. D processes, each with that many threads,
+start together and time the same matmul and copy; a device's figures are their mean (the
+spread is in the source), its memory RAM / D. They go to `cpu-local-x{D}.yaml` beside
+`cpu-local.yaml`; `load_cluster("cpu-local", D)` reads them and is an error until they exist.
+
+Measure (again): `rpeg calibrate [--seconds S] [--devices D]`.
 """
 
 from __future__ import annotations
@@ -29,31 +36,54 @@ import yaml
 
 from rpeg.errors import RpegError
 from rpeg.hardware.device import Device
-from rpeg.hardware.loader import CACHE_ENV, cpu_local_path, device_from_data
+from rpeg.hardware.loader import CACHE_ENV, CPU_LOCAL, cpu_local_path, device_from_data
 
 MATMUL_N = 1024  # 2.1 GFLOP a run: tens of ms on a laptop core, so several runs fit the budget
 COPY_BYTES = 128 * 2**20  # per array; well past any last-level cache
 
 
-def calibrate(path: str | os.PathLike | None = None, seconds: float = 2.0) -> Device:
-    """Measure this machine, write the cache file, and return the device it describes."""
+MAX_DEVICES = 64  # processes sharing one machine's cores; more is a typo, not a plan
+
+
+def calibrate(path: str | os.PathLike | None = None, seconds: float = 2.0, devices: int = 1) -> Device:
+    """Measure this machine as `devices` devices sharing its cores, write the cache file, and
+    return the device (one of them) it describes."""
     import numpy as np
 
-    path = pathlib.Path(path) if path is not None else cpu_local_path()
+    if isinstance(devices, bool) or not isinstance(devices, int) or not 1 <= devices <= MAX_DEVICES:
+        raise RpegError(f"calibrate: devices = {devices!r} must be a whole number from 1 to {MAX_DEVICES}")
+    path = pathlib.Path(path) if path is not None else cpu_local_path(devices)
     seconds = max(0.05, float(seconds))
-    flop_per_s, matmul_runs = _matmul_flop_per_s(np, 0.6 * seconds)
-    bytes_per_s, copy_runs = _copy_bytes_per_s(np, 0.4 * seconds)
     ram_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
+    cores = os.cpu_count() or 1
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    how = (f"measured {when} by rpeg.hardware.calibrate.calibrate(seconds={seconds:g}) "
+    call = f"seconds={seconds:g}" + (f", devices={devices}" if devices > 1 else "")
+    how = (f"measured {when} by rpeg.hardware.calibrate.calibrate({call}) "
            f"(`rpeg calibrate`), numpy {np.__version__}, Python {sys.version.split()[0]}")
-    matmul = (f"{how}: float32 {MATMUL_N}x{MATMUL_N} matmul, 2*n^3 FLOP over the best of {matmul_runs} runs")
+    if devices == 1:
+        flop_per_s, matmul_runs = _matmul_flop_per_s(np, 0.6 * seconds)
+        bytes_per_s, copy_runs = _copy_bytes_per_s(np, 0.4 * seconds)
+        shared = ""
+        name, description = CPU_LOCAL, f"this machine's CPU ({cores} logical cores), measured"
+    else:
+        rates = _concurrent(devices, max(1, cores // devices), seconds)
+        flop_per_s = sum(r[0] for r in rates) / devices
+        bytes_per_s = sum(r[2] for r in rates) / devices
+        matmul_runs, copy_runs = min(r[1] for r in rates), min(r[3] for r in rates)
+        ram_bytes //= devices
+        shared = (f"; one of {devices} processes with {max(1, cores // devices)} thread(s) each, all measuring at "
+                  f"once, the mean of theirs (matmul {min(r[0] for r in rates) / 1e9:.1f}-"
+                  f"{max(r[0] for r in rates) / 1e9:.1f} GFLOP/s, copy {min(r[2] for r in rates) / 1e9:.1f}-"
+                  f"{max(r[2] for r in rates) / 1e9:.1f} GB/s)")
+        name = CPU_LOCAL
+        description = f"one of {devices} devices sharing this machine's CPU ({cores} logical cores), measured"
+    matmul = (f"{how}: float32 {MATMUL_N}x{MATMUL_N} matmul, 2*n^3 FLOP over the best of {matmul_runs} runs"
+              f"{shared}")
     stand_in = "; the fp32 rate stands in for this dtype (numpy has no fast bf16/fp16 matmul on CPUs)"
     data = {
-        "name": "cpu-local",
+        "name": name,
         "kind": "cpu",
-        "description": f"this machine's CPU ({os.cpu_count()} logical cores), measured",
+        "description": description,
         "bf16_dense_gflop_per_s": round(flop_per_s / 1e9, 2),
         "fp16_dense_gflop_per_s": round(flop_per_s / 1e9, 2),
         "fp8_dense_gflop_per_s": 0,
@@ -64,18 +94,55 @@ def calibrate(path: str | os.PathLike | None = None, seconds: float = 2.0) -> De
             "bf16_dense_gflop_per_s": matmul + stand_in,
             "fp16_dense_gflop_per_s": matmul + stand_in,
             "fp8_dense_gflop_per_s": "none: numpy has no fp8 type; 0 means unsupported",
-            "hbm_capacity_gb": f"{how}: total RAM, os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')",
+            "hbm_capacity_gb": (f"{how}: total RAM, os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')"
+                                + (f", divided by the {devices} devices" if devices > 1 else "")),
             "hbm_bandwidth_gb_per_s": (f"{how}: np.copyto of a {COPY_BYTES // 2**20} MiB float64 array, "
-                                       f"bytes read + bytes written over the best of {copy_runs} runs"),
+                                       f"bytes read + bytes written over the best of {copy_runs} runs{shared}"),
             "scaleup_bandwidth_gb_per_s": "none: one CPU has no scale-up link (NVLink/xGMI); 0 means none",
         },
     }
-    header = ("# cpu-local: this machine, as rpeg.hardware.calibrate measured it. Delete this file, or run\n"
-              "# `rpeg calibrate`, to measure again. 'hbm' is the machine's RAM here.\n")
+    again = "`rpeg calibrate" + (f" --devices {devices}" if devices > 1 else "") + "`"
+    header = (f"# cpu-local: this machine{f' as {devices} devices' if devices > 1 else ''}, as "
+              f"rpeg.hardware.calibrate measured it. Delete this file, or run\n# {again}, to measure again. "
+              "'hbm' is the machine's RAM here.\n")
     text = header + yaml.safe_dump(data, sort_keys=False, width=1000, allow_unicode=True)
     device = device_from_data(yaml.safe_load(text), str(path), default_name="cpu-local")
     _write(path, text)
     return device
+
+
+def _concurrent(devices: int, threads: int, seconds: float) -> list[tuple[float, int, float, int]]:
+    """(matmul FLOP/s, runs, copy bytes/s, runs) of each of `devices` processes measuring at once."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")  # fresh interpreters: the thread counts apply before numpy loads
+    start, results = ctx.Barrier(devices), ctx.Queue()
+    procs = [ctx.Process(target=_device_process, args=(start, results, threads, seconds), daemon=True)
+             for _ in range(devices)]
+    for p in procs:
+        p.start()
+    try:
+        out = [results.get(timeout=120 + 4 * seconds) for _ in procs]
+    except Exception:  # queue.Empty: a process died before reporting
+        raise RpegError(f"calibrate: a measuring process of {devices} did not report (out of memory?)") from None
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    return out
+
+
+def _device_process(start, results, threads: int, seconds: float) -> None:
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(threads)
+    import numpy as np
+
+    start.wait()  # everyone measures matmul together, then the copy together
+    flop, mruns = _matmul_flop_per_s(np, 0.6 * seconds)
+    start.wait()
+    copy, cruns = _copy_bytes_per_s(np, 0.4 * seconds)
+    results.put((flop, mruns, copy, cruns))
 
 
 def _matmul_flop_per_s(np, budget_s: float) -> tuple[float, int]:

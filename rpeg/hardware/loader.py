@@ -122,24 +122,28 @@ class NotCalibrated(RpegError):
     """cpu-local is asked for on a machine `rpeg calibrate` has not measured."""
 
 
-def cpu_local_path() -> pathlib.Path:
+def cpu_local_path(devices: int = 1) -> pathlib.Path:
     """Where `rpeg calibrate` writes this machine's figures: $RPEG_CACHE_DIR/cpu-local.yaml
-    (default ~/.cache/rpeg/cpu-local.yaml)."""
+    (default ~/.cache/rpeg/cpu-local.yaml); as D devices sharing its cores, cpu-local-x{D}.yaml
+    beside it."""
     root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "rpeg")
-    return pathlib.Path(root) / CPU_LOCAL_FILE
+    name = CPU_LOCAL_FILE if devices == 1 else f"{CPU_LOCAL}-x{devices}.yaml"
+    return pathlib.Path(root) / name
 
 
-def load_cpu_local(path: str | os.PathLike | None = None) -> Device:
-    """The cpu-local device as `rpeg calibrate` wrote it. Reading never measures: a machine not yet
-    measured is an error that says how to measure it."""
-    path = pathlib.Path(path) if path is not None else cpu_local_path()
+def load_cpu_local(path: str | os.PathLike | None = None, devices: int = 1) -> Device:
+    """The cpu-local device as `rpeg calibrate` wrote it (one of `devices` sharing this machine).
+    Reading never measures: a machine not yet measured is an error that says how to measure it."""
+    path = pathlib.Path(path) if path is not None else cpu_local_path(devices)
+    command = "`rpeg calibrate" + (f" --devices {devices}" if devices > 1 else "") + "`"
     if not path.is_file():
-        raise NotCalibrated(f"cpu-local (this machine) has not been measured: run `rpeg calibrate` first (about "
-                            f"2 s; it writes {path})")
+        what = "this machine" if devices == 1 else f"this machine as {devices} devices sharing its cores"
+        raise NotCalibrated(f"cpu-local ({what}) has not been measured: run {command} first (about 2 s; it "
+                            f"writes {path})")
     try:
         return device_from_data(read_yaml_file(str(path)), str(path), default_name=CPU_LOCAL)
     except RpegError as e:
-        raise RpegError(f"{e} (delete the file or run `rpeg calibrate` to measure again)") from None
+        raise RpegError(f"{e} (delete the file or run {command} to measure again)") from None
 
 
 # ---- clusters ----------------------------------------------------------------------------------
@@ -147,7 +151,10 @@ def load_cluster(name_or_path: str | os.PathLike, gpus: int | None = None) -> Cl
     """A preset cluster by name (`dgx-h100`) or a cluster file by path, sized to `gpus` devices
     when given (the outermost level grows to hold them)."""
     data, where, preset = _read("clusters", name_or_path)
-    cluster = cluster_from_data(data, where, default_name=preset or _stem(where))
+    shared = None
+    if preset == CPU_LOCAL and gpus and gpus > 1:  # D devices share this machine's cores: each has what it
+        shared = load_cpu_local(devices=gpus)  # measured while all D ran (`rpeg calibrate --devices D`)
+    cluster = cluster_from_data(data, where, default_name=preset or _stem(where), device=shared)
     if preset and cluster.name != preset:
         raise RpegError(f"{where}: name: {cluster.name!r} differs from the file name {preset!r}")
     if gpus is None:
@@ -158,7 +165,8 @@ def load_cluster(name_or_path: str | os.PathLike, gpus: int | None = None) -> Cl
         raise RpegError(f"{where}: {e}") from None
 
 
-def cluster_from_data(data: Any, where: str, default_name: str = "") -> Cluster:
+def cluster_from_data(data: Any, where: str, default_name: str = "", device: Device | None = None) -> Cluster:
+    """A Cluster from one parsed cluster file; `device`, when given, stands for the file's."""
     if not isinstance(data, dict):
         raise RpegError(f"{where}: expected a mapping with device and levels, got {_show(data)}")
     for key in data:
@@ -168,7 +176,7 @@ def cluster_from_data(data: Any, where: str, default_name: str = "") -> Cluster:
         if key not in data:
             raise RpegError(f"{where}: {key}: missing (a cluster names its device and its levels)")
     name = _text(data.get("name", default_name), f"{where}: name")
-    device = _cluster_device(data["device"], where, name)
+    device = device if device is not None else _cluster_device(data["device"], where, name)
     gpus = _integer(data["gpus"], f"{where}: gpus", zero_ok=True) if "gpus" in data else 0
     price = _number(data["gpu_hour_usd"], f"{where}: gpu_hour_usd", zero_ok=True) if "gpu_hour_usd" in data else 0.0
     sources = list(_sources(data.get("sources"), [k for k in ("gpus", "gpu_hour_usd") if k in data], where))

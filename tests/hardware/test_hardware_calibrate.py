@@ -47,11 +47,31 @@ def test_loading_never_measures_calibrate_writes_a_readable_file_then_loading_re
     monkeypatch.setattr(calibration, "_copy_bytes_per_s", no_measuring)
     mtime = path.stat().st_mtime_ns
     assert load_device("cpu-local") == device
+    assert load_cluster("cpu-local", gpus=1).device == device and path.stat().st_mtime_ns == mtime
+    # two devices share this machine's cores: their own measurement, never the one-device figures
+    with pytest.raises(RpegError, match=r"as 2 devices sharing its cores\) has not been measured: run "
+                                        r"`rpeg calibrate --devices 2`"):
+        load_cluster("cpu-local", gpus=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu-local.yaml"]
+
+
+def test_several_devices_are_measured_together_and_used_for_plans_on_that_many(tmp_path, monkeypatch):
+    monkeypatch.setenv("RPEG_CACHE_DIR", str(tmp_path))
+    one = calibration.calibrate(seconds=0.2)
+    two = calibration.calibrate(seconds=0.2, devices=2)
+    data = yaml.safe_load((tmp_path / "cpu-local-x2.yaml").read_text())
+    assert "one of 2 processes" in data["sources"]["bf16_dense_gflop_per_s"] and "all measuring at once" in \
+        data["sources"]["hbm_bandwidth_gb_per_s"]
+    assert two.hbm_capacity_bytes == pytest.approx(one.hbm_capacity_bytes / 2, rel=1e-3)
+    assert 0 < two.bf16_flop_per_s and two.description.startswith("one of 2 devices")
     cluster = load_cluster("cpu-local", gpus=2)
-    assert cluster.device == device and path.stat().st_mtime_ns == mtime
+    assert cluster.device == two and cluster.gpus == 2
     node, system = cluster.levels
-    assert (node.gpus, node.link, node.bandwidth_bytes_per_s) == (1, "memory", device.hbm_bandwidth_bytes_per_s)
+    assert (node.gpus, node.link, node.bandwidth_bytes_per_s) == (1, "memory", two.hbm_bandwidth_bytes_per_s)
     assert system.link == "ethernet" and cluster.span(2).level is system
+    assert load_cluster("cpu-local", gpus=1).device == one
+    with pytest.raises(RpegError, match="devices = 0 must be a whole number from 1 to 64"):
+        calibration.calibrate(seconds=0.1, devices=0)
 
 
 def test_calibrate_writes_where_asked(tmp_path):
