@@ -118,7 +118,7 @@ def test_dapo_trains_on_groups_with_mixed_rewards_only(tmp_path):
 
 
 def test_mixed_groups_keeps_the_first_groups_whose_rewards_differ():
-    from rpeg.runtime.run import _mixed_groups
+    from rpeg.runtime.filters import mixed_groups as _mixed_groups
 
     scores = torch.tensor([1.0, 1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0.5])  # four groups of three
     assert _mixed_groups(scores, 3, 8) == [0, 2, 3]

@@ -1,0 +1,202 @@
+"""The workers of a plan, one handle per model role, with the same calls wherever they run.
+
+A colocated plan runs every role in one worker process (the engine samples with the trainer's
+model); a split plan runs `dp` generation engines, an FSDP2 group for the actor, one for a
+separate critic, and a reference worker. The driver sees neither: it asks a `Role` to `call` one
+of a few uniform operations (`logprobs`, `values`, `train`, `state`, `restore`) and the role maps it
+onto its workers' methods, shards the batch over its data-parallel ranks and joins the results.
+
+`step_stages` finds the stages of one step by what they are (kind, model, what they read and
+write), never by their names, so a graph's stage names are only labels in the measured timeline.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from rpeg.graph import Graph, Kind
+from rpeg.runtime.batch import Batch
+from rpeg.runtime.config import RuntimeConfig
+from rpeg.runtime.trainer import OptimConfig
+
+
+@dataclass(frozen=True, slots=True)
+class StepStages:
+    """The stages of one step, by what they do; each value is the graph's stage name (a label)."""
+
+    generate: str
+    reward: str
+    sync: str
+    actor_logprobs: str
+    advantages: str
+    actor_update: str
+    greedy: str | None = None  # a greedy generation per prompt (ReMax's baseline)
+    greedy_reward: str | None = None
+    group_filter: str | None = None  # a per-group filter between scoring and training (DAPO)
+    ref_logprobs: str | None = None
+    values: str | None = None  # the pass that gives the values: a critic's, or the actor's with a value head
+    critic_update: str | None = None
+
+
+def step_stages(graph: Graph) -> StepStages:
+    stages = graph.stages
+
+    def one(pred, what: str):
+        found = [s for s in stages if pred(s)]
+        return found[0] if found else None
+
+    def reads_from(producer, kind):
+        return one(lambda s: s.kind is kind and producer is not None and set(s.reads) & set(producer.writes), "")
+
+    generate = one(lambda s: s.kind is Kind.GENERATE and not s.greedy, "generation")
+    greedy = one(lambda s: s.kind is Kind.GENERATE and s.greedy, "greedy generation")
+    reward = reads_from(generate, Kind.REWARD)
+    greedy_reward = reads_from(greedy, Kind.REWARD)
+    infer: dict = {}
+    for s in stages:
+        if s.kind is Kind.INFER:
+            infer.setdefault(s.model, s)
+    train = {s.model: s for s in stages if s.kind is Kind.TRAIN}
+    actor_in = set(infer["actor"].reads)
+    computes = [s for s in stages if s.kind is Kind.COMPUTE]
+    group_filter = next((s for s in computes if set(s.writes) & actor_in), None)
+    advantages = next(s for s in computes if s is not group_filter and set(s.writes) & set(train["actor"].reads))
+    sync = next(s for s in stages if s.kind is Kind.SYNC and s.model == "actor")
+    name = lambda s: s.name if s is not None else None  # noqa: E731
+    return StepStages(generate=generate.name, reward=reward.name, sync=sync.name,
+                      actor_logprobs=infer["actor"].name, advantages=advantages.name,
+                      actor_update=train["actor"].name, greedy=name(greedy), greedy_reward=name(greedy_reward),
+                      group_filter=name(group_filter), ref_logprobs=name(infer.get("ref")),
+                      values=name(one(lambda s: s.kind is Kind.INFER and "values" in s.writes, "values")),
+                      critic_update=name(train.get("critic")))
+
+
+@dataclass
+class Role:
+    """One model role's workers. `tp` consecutive ranks hold one data shard (each gets the same
+    rows; the first one's result stands for them); `sharded=False`: one worker takes the batch."""
+
+    ray: object
+    workers: list
+    methods: dict[str, str]  # uniform operation -> the workers' method
+    tp: int = 1
+    sharded: bool = True
+
+    def call(self, op: str, batch: Batch, *args) -> tuple[list, tuple[float, float]]:
+        """Run `op` on the batch: (each data shard's result, in order; the span from first start to last end)."""
+        method = self.methods[op]
+        if not self.sharded:
+            out, span = self.ray.get(getattr(self.workers[0], method).remote(batch, *args))
+            return [out], span
+        shards = _split(batch.size, len(self.workers) // self.tp)
+        futs = [getattr(w, method).remote(batch.select(shards[r // self.tp]), *args)
+                for r, w in enumerate(self.workers)]
+        outs = self.ray.get(futs)
+        spans = [s for _, s in outs]
+        return [o for r, (o, _) in enumerate(outs) if r % self.tp == 0], (min(s[0] for s in spans),
+                                                                          max(s[1] for s in spans))
+
+    def collective(self, op: str):
+        """A call every rank takes part in (gathering sharded weights); rank 0's result."""
+        return self.ray.get([getattr(w, self.methods[op]).remote() for w in self.workers])[0]
+
+    def each(self, op: str, *args) -> list:
+        return self.ray.get([getattr(w, self.methods[op]).remote(*args) for w in self.workers])
+
+
+@dataclass
+class Roles:
+    """Every worker of the plan: generation engines and a Role per model that runs."""
+
+    ray: object
+    colocated: bool
+    engines: list  # generation handles: generate(prompts, params, seed), load_weights(state, version)
+    actor: Role
+    reference: Role | None = None
+    critic: Role | None = None  # values, and `train` when the critic is its own model
+    critic_trained: bool = False
+    workers: list = field(default_factory=list)  # every distinct handle
+
+    @classmethod
+    def build(cls, graph: Graph, rt: RuntimeConfig, model_path: str, ray) -> Roles:
+        from rpeg.runtime import workers as W
+
+        names = step_stages(graph)
+        cfg = graph.config
+        gen, train = graph.stage(names.generate), graph.stage(names.actor_update)
+        colocated = graph.group(gen.group).overlaps(graph.group(train.group))
+        has_ref, has_critic = graph.has_model("ref"), graph.has_model("critic")
+        shared_value = "value" in graph.model("actor").heads
+        optim = OptimConfig(lr=rt.lr, warmup_steps=rt.warmup_steps, grad_clip=rt.grad_clip,
+                            micro_batch=rt.micro_batch, temperature=rt.temperature)
+        cores = os.cpu_count() or 2
+        remote = lambda klass: ray.remote(num_cpus=0)(klass)  # noqa: E731  placement is ours, not Ray's CPU count
+        model_ops = {"logprobs": "logprobs", "values": "values", "train": "train", "state": "checkpoint_state",
+                     "restore": "restore", "weights": "state_dict"}
+        if colocated:
+            coloc = remote(W.ColocatedWorker).remote(
+                model_path, cfg, optim, reference=has_ref, critic=has_critic, shared_value=shared_value,
+                threads=rt.threads or cores, deterministic=rt.deterministic, seed=rt.seed, engine=rt.engine,
+                engine_memory=rt.engine_memory, engine_kv_cache_mib=rt.engine_kv_cache_mib)
+            actor = Role(ray, [coloc], model_ops)
+            reference = Role(ray, [coloc], {"logprobs": "ref_logprobs"}, sharded=False) if has_ref else None
+            critic = None
+            if has_critic:
+                critic = Role(ray, [coloc], {"values": "values", "train": "train_critic",
+                                             "state": "critic_checkpoint_state", "restore": "restore_critic"})
+            elif shared_value:
+                critic = actor
+            return cls(ray, True, [coloc], actor, reference, critic, has_critic, [coloc])
+        ngen, ntrain, tp = gen.layout.dp, train.layout.devices, train.layout.tp
+        threads = rt.threads or max(1, cores // (ngen + ntrain))
+        engines = [remote(W.RolloutWorker).remote(model_path, threads, rt.deterministic, rt.engine, rt.seed + j,
+                                                  rt.engine_memory, rt.engine_kv_cache_mib) for j in range(ngen)]
+        port = 29500 + random.Random(os.getpid()).randrange(2000)
+        trainers = [remote(W.TrainerWorker).remote(model_path, cfg, optim, lm=True, value=shared_value, rank=r,
+                                                   world=ntrain, master=f"127.0.0.1:{port}", tp=tp, threads=threads,
+                                                   deterministic=rt.deterministic, seed=rt.seed)
+                    for r in range(ntrain)]
+        actor = Role(ray, trainers, model_ops, tp=tp)
+        reference = None
+        if has_ref:
+            ref = remote(W.InferenceWorker).remote(model_path, threads, rt.temperature, rt.micro_batch)
+            reference = Role(ray, [ref], {"logprobs": "logprobs"}, sharded=False)
+        critic = actor if shared_value else None
+        if has_critic:
+            clay = graph.stage(names.critic_update).layout
+            critics = [remote(W.TrainerWorker).remote(model_path, cfg, optim, lm=False, value=True, rank=r,
+                                                      world=clay.devices, master=f"127.0.0.1:{port + 1}",
+                                                      tp=clay.tp, threads=threads, deterministic=rt.deterministic,
+                                                      seed=rt.seed) for r in range(clay.devices)]
+            critic = Role(ray, critics, model_ops, tp=clay.tp)
+        everyone = engines + trainers + (reference.workers if reference else []) + \
+            (critic.workers if critic is not None and critic is not actor else [])
+        return cls(ray, False, engines, actor, reference, critic, has_critic, everyone)
+
+    def push_weights(self, version: int) -> tuple[float, float]:
+        """New actor weights into the engines: in-process when colocated, else through the object store."""
+        if self.colocated:
+            return self.ray.get(self.engines[0].load_weights.remote(None, version))
+        t = time.time()
+        ref = self.ray.put(self.actor.collective("weights"))
+        spans = self.ray.get([w.load_weights.remote(ref, version) for w in self.engines])
+        return t, max(s[1] for s in spans)
+
+    def states(self) -> dict:
+        """What a checkpoint keeps of the models: the actor's and a trained critic's state."""
+        return {"actor": self.actor.collective("state"),
+                "critic": self.critic.collective("state") if self.critic_trained else None}
+
+    def restore(self, state: dict) -> None:
+        self.actor.each("restore", state["actor"])
+        if state.get("critic") is not None:
+            self.critic.each("restore", state["critic"])
+
+
+def _split(n: int, parts: int) -> list[torch.Tensor]:
+    return [c for c in torch.tensor_split(torch.arange(n), parts)]
