@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rpeg.errors import RpegError
 from rpeg.graph import Graph, Kind
 from rpeg.runtime.batch import Batch
 from rpeg.runtime.config import RuntimeConfig
@@ -76,6 +77,59 @@ def step_stages(graph: Graph) -> StepStages:
                       critic_update=name(train.get("critic")))
 
 
+PLACEMENT_TIMEOUT_S = 60.0  # waiting longer for a Ray cluster's free devices means it has too few
+
+
+class Placement:
+    """The plan's device groups as Ray placement groups: one bundle per device, packed per node.
+    Groups that overlap (a colocated plan's stages all on one group, a reference on the trainer's
+    devices) share one placement group over their union; disjoint groups get one each. A rank on
+    device d of the plan runs in that device's bundle, so Ray puts it on the node holding it."""
+
+    def __init__(self, ray, graph: Graph, bundle: dict | None = None):
+        from ray.util.placement_group import placement_group
+
+        self.ray = ray
+        spans = sorted({(g.first, g.count) for g in graph.groups})
+        merged: list[list[int]] = []
+        for first, count in spans:
+            if merged and first < merged[-1][0] + merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], first + count - merged[-1][0])
+            else:
+                merged.append([first, count])
+        bundle = bundle or {"CPU": 1}
+        self.parts = [(first, count, placement_group([dict(bundle) for _ in range(count)], strategy="PACK"))
+                      for first, count in merged]
+        try:
+            ray.get([pg.ready() for *_, pg in self.parts], timeout=PLACEMENT_TIMEOUT_S)
+        except Exception:
+            self.close()
+            need = sum(c for _, c, _ in self.parts)
+            raise RpegError(f"the Ray cluster could not place the plan's {need} device(s) within "
+                            f"{PLACEMENT_TIMEOUT_S:.0f} s (one bundle of {bundle} each; it has "
+                            f"{ray.cluster_resources().get('CPU', 0):g} CPUs): use a plan for fewer devices or a "
+                            "larger cluster") from None
+
+    def on(self, device: int) -> dict:
+        """Ray actor options that put a worker on plan device `device`."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        for first, count, pg in self.parts:
+            if first <= device < first + count:
+                return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=device - first)}
+        raise RpegError(f"device {device} is in none of the plan's device groups")
+
+    def close(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for *_, pg in self.parts:
+            try:
+                remove_placement_group(pg)
+            except Exception:  # the cluster is going away anyway
+                pass
+
+
 @dataclass
 class Role:
     """One model role's workers. `tp` consecutive ranks hold one data shard (each gets the same
@@ -121,6 +175,7 @@ class Roles:
     critic: Role | None = None  # values, and `train` when the critic is its own model
     critic_trained: bool = False
     workers: list = field(default_factory=list)  # every distinct handle
+    placement: Placement | None = None
 
     @classmethod
     def build(cls, graph: Graph, rt: RuntimeConfig, model_path: str, ray) -> Roles:
@@ -135,11 +190,17 @@ class Roles:
         optim = OptimConfig(lr=rt.lr, warmup_steps=rt.warmup_steps, grad_clip=rt.grad_clip,
                             micro_batch=rt.micro_batch, temperature=rt.temperature)
         cores = os.cpu_count() or 2
-        remote = lambda klass: ray.remote(num_cpus=0)(klass)  # noqa: E731  placement is ours, not Ray's CPU count
+        place = Placement(ray, graph)
+
+        def remote(klass, device: int):  # on its plan device's bundle; threads are ours, not Ray's CPU count
+            return ray.remote(num_cpus=0)(klass).options(**place.on(device))
+
+        def first(stage: str) -> int:
+            return graph.group(graph.stage(stage).group).first
         model_ops = {"logprobs": "logprobs", "values": "values", "train": "train", "state": "checkpoint_state",
                      "restore": "restore", "weights": "state_dict"}
         if colocated:
-            coloc = remote(W.ColocatedWorker).remote(
+            coloc = remote(W.ColocatedWorker, first(names.generate)).remote(
                 model_path, cfg, optim, reference=has_ref, critic=has_critic, shared_value=shared_value,
                 threads=rt.threads or cores, deterministic=rt.deterministic, seed=rt.seed, engine=rt.engine,
                 engine_memory=rt.engine_memory, engine_kv_cache_mib=rt.engine_kv_cache_mib)
@@ -151,32 +212,41 @@ class Roles:
                                              "state": "critic_checkpoint_state", "restore": "restore_critic"})
             elif shared_value:
                 critic = actor
-            return cls(ray, True, [coloc], actor, reference, critic, has_critic, [coloc])
+            return cls(ray, True, [coloc], actor, reference, critic, has_critic, [coloc], place)
         ngen, ntrain, tp = gen.layout.dp, train.layout.devices, train.layout.tp
         threads = rt.threads or max(1, cores // (ngen + ntrain))
-        engines = [remote(W.RolloutWorker).remote(model_path, threads, rt.deterministic, rt.engine, rt.seed + j,
-                                                  rt.engine_memory, rt.engine_kv_cache_mib) for j in range(ngen)]
+        gtp = gen.layout.tp
+        engines = [remote(W.RolloutWorker, first(names.generate) + j * gtp).remote(
+            model_path, threads, rt.deterministic, rt.engine, rt.seed + j, rt.engine_memory, rt.engine_kv_cache_mib)
+            for j in range(ngen)]
         port = 29500 + random.Random(os.getpid()).randrange(2000)
-        trainers = [remote(W.TrainerWorker).remote(model_path, cfg, optim, lm=True, value=shared_value, rank=r,
-                                                   world=ntrain, master=f"127.0.0.1:{port}", tp=tp, threads=threads,
-                                                   deterministic=rt.deterministic, seed=rt.seed)
-                    for r in range(ntrain)]
+        # the training group's rendezvous: its rank 0's node (a multi-node cluster), this host otherwise
+        master = _node_ip(ray, place.on(first(names.actor_update)))
+        trainers = [remote(W.TrainerWorker, first(names.actor_update) + r).remote(
+            model_path, cfg, optim, lm=True, value=shared_value, rank=r, world=ntrain, master=f"{master}:{port}",
+            tp=tp, threads=threads, deterministic=rt.deterministic, seed=rt.seed) for r in range(ntrain)]
         actor = Role(ray, trainers, model_ops, tp=tp)
         reference = None
         if has_ref:
-            ref = remote(W.InferenceWorker).remote(model_path, threads, rt.temperature, rt.micro_batch)
+            ref = remote(W.InferenceWorker, first(names.ref_logprobs)).remote(model_path, threads, rt.temperature,
+                                                                               rt.micro_batch)
             reference = Role(ray, [ref], {"logprobs": "logprobs"}, sharded=False)
         critic = actor if shared_value else None
         if has_critic:
             clay = graph.stage(names.critic_update).layout
-            critics = [remote(W.TrainerWorker).remote(model_path, cfg, optim, lm=False, value=True, rank=r,
-                                                      world=clay.devices, master=f"127.0.0.1:{port + 1}",
-                                                      tp=clay.tp, threads=threads, deterministic=rt.deterministic,
-                                                      seed=rt.seed) for r in range(clay.devices)]
+            cmaster = _node_ip(ray, place.on(first(names.critic_update)))
+            critics = [remote(W.TrainerWorker, first(names.critic_update) + r).remote(
+                model_path, cfg, optim, lm=False, value=True, rank=r, world=clay.devices, master=f"{cmaster}:{port + 1}",
+                tp=clay.tp, threads=threads, deterministic=rt.deterministic, seed=rt.seed) for r in range(clay.devices)]
             critic = Role(ray, critics, model_ops, tp=clay.tp)
         everyone = engines + trainers + (reference.workers if reference else []) + \
             (critic.workers if critic is not None and critic is not actor else [])
-        return cls(ray, False, engines, actor, reference, critic, has_critic, everyone)
+        return cls(ray, False, engines, actor, reference, critic, has_critic, everyone, place)
+
+    def close(self) -> None:
+        """Give the devices back (a private cluster goes away anyway; a user's keeps running)."""
+        if self.placement is not None:
+            self.placement.close()
 
     def push_weights(self, version: int) -> tuple[float, float]:
         """New actor weights into the engines: in-process when colocated, else through the object store."""
@@ -196,6 +266,16 @@ class Roles:
         self.actor.each("restore", state["actor"])
         if state.get("critic") is not None:
             self.critic.each("restore", state["critic"])
+
+
+def _node_ip(ray, options: dict) -> str:
+    """The IP address of the node a placement bundle sits on (where a training group's rank 0 runs)."""
+
+    @ray.remote(num_cpus=0)
+    def ip() -> str:
+        return ray.util.get_node_ip_address()
+
+    return ray.get(ip.options(**options).remote())
 
 
 def _split(n: int, parts: int) -> list[torch.Tensor]:

@@ -52,7 +52,7 @@ class RunResult:
 class _Ray:
     """A Ray session: the user's cluster, or a private local one we start and stop."""
 
-    def __init__(self, address: str):
+    def __init__(self, address: str, devices: int = 1):
         import ray
 
         self.ray = ray
@@ -65,8 +65,10 @@ class _Ray:
             ray.init(address=address, log_to_driver=False)
         else:
             self.tmp = tempfile.mkdtemp(prefix="rpeg-ray-")
-            ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, _temp_dir=self.tmp, log_to_driver=False,
-                     configure_logging=False)
+            # one CPU bundle per plan device (roles.Placement): a plan may have more devices than cores,
+            # which then share them, as the cpu-local calibration measured (`rpeg calibrate --devices D`)
+            ray.init(num_cpus=max(os.cpu_count() or 2, devices), include_dashboard=False, _temp_dir=self.tmp,
+                     log_to_driver=False, configure_logging=False)
         self.owned = True
 
     def close(self) -> None:
@@ -95,11 +97,14 @@ def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool
     write_jsonl(os.path.join(rt.out, "metrics.jsonl"), state["metrics"] if state else [])
     t0 = time.time()
     model_path, tok, warmup = prepare_model(rt, task, rt.out, resume, progress)
-    session = _Ray(rt.address)
+    session = _Ray(rt.address, devices=max((g.first + g.count for g in graph.groups), default=1))
+    runner = None
     try:
         runner = _Runner(graph, rt, task, tok, model_path, session.ray)
         return runner.loop(state, progress, {"warmup": warmup, "started": t0})
     finally:
+        if runner is not None:
+            runner.roles.close()
         session.close()
 
 

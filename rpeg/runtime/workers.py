@@ -2,8 +2,8 @@
 process (the engine samples with the trainer's own model, so a weight sync costs nothing — the
 hybrid-engine arrangement verl and DeepSpeed-Chat use).
 
-Each class is plain Python; `runtime.run` wraps them with `ray.remote` and places them as the
-plan says. Every method that does a stage's work returns the wall-clock (start, end) it ran, so
+Each class is plain Python; `runtime.roles` wraps them with `ray.remote` and places them as the
+plan says (each on its device's placement-group bundle). Every method that does a stage's work returns the wall-clock (start, end) it ran, so
 the driver can write a measured timeline in the simulator's format.
 """
 
@@ -18,6 +18,14 @@ from rpeg.graph.config import AlgoConfig
 from rpeg.runtime.batch import Batch
 from rpeg.runtime.rollout import HFEngine, SamplingParams
 from rpeg.runtime.trainer import OptimConfig, Trainer
+
+
+class _Where:
+    def where(self) -> tuple[str, int]:
+        """(the Ray node this worker runs on, its process id): where the plan's ranks landed."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), os.getpid()
 
 
 def _threads(n: int) -> None:
@@ -53,7 +61,7 @@ def _timed(fn, *args, **kwargs):
     return out, (t0, time.time())
 
 
-class RolloutWorker:
+class RolloutWorker(_Where):
     """One generation engine instance with its own copy of the weights."""
 
     def __init__(self, model_path: str, threads: int = 0, deterministic: bool = True, engine: str = "hf",
@@ -73,7 +81,7 @@ class RolloutWorker:
         return span
 
 
-class TrainerWorker:
+class TrainerWorker(_Where):
     """One rank of a training group: FSDP2 over its `world / tp` data-parallel ranks and DTensor tensor
     parallelism over `tp` consecutive ranks (gloo on CPU)."""
 
@@ -111,7 +119,7 @@ class TrainerWorker:
         self.trainer.load_checkpoint_state(state)
 
 
-class InferenceWorker:
+class InferenceWorker(_Where):
     """A frozen model's forward pass: reference logprobs."""
 
     def __init__(self, model_path: str, threads: int = 0, temperature: float = 1.0, micro_batch: int = 64):
@@ -124,7 +132,7 @@ class InferenceWorker:
         return _timed(self.trainer.logprobs, batch)
 
 
-class ColocatedWorker:
+class ColocatedWorker(_Where):
     """Rollout, actor training, reference and critic on the same device, in one process."""
 
     def __init__(self, model_path: str, config: AlgoConfig, optim: OptimConfig, *, reference: bool, critic: bool,
