@@ -33,6 +33,15 @@ class Batch:
     def position_ids(self) -> torch.Tensor:
         return (self.attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
+    def to(self, device) -> Batch:
+        """The same batch with its tensors on `device` (a GPU rank's micro-batch)."""
+        return replace(self, input_ids=self.input_ids.to(device), attention_mask=self.attention_mask.to(device),
+                       mask=self.mask.to(device), group_index=self.group_index.to(device),
+                       weight_version=self.weight_version.to(device),
+                       rollout_logprobs=self.rollout_logprobs.to(device),
+                       scores=None if self.scores is None else self.scores.to(device),
+                       extras={k: v.to(device) for k, v in self.extras.items()})
+
     def select(self, idx: torch.Tensor) -> Batch:
         """The sequences at `idx` (a mini- or micro-batch)."""
         return replace(self, input_ids=self.input_ids[idx], attention_mask=self.attention_mask[idx],

@@ -22,11 +22,15 @@ class SamplingParams:
 class HFEngine:
     """Batched sampling with a KV cache on a Hugging Face model (CPU or one GPU)."""
 
-    def __init__(self, model, eos_id: int, pad_id: int, batch_size: int = 256):
+    def __init__(self, model, eos_id: int, pad_id: int, batch_size: int = 256, device: str | None = None,
+                 bf16: bool = False):
+        """`device` None: the model's own (the CPU path, sampled with a CPU generator); else the
+        batch and a generator of its own live there, and `bf16` runs the forward under autocast."""
         import inspect
 
         self.model = model.eval()
         self.eos_id, self.pad_id, self.batch_size = eos_id, pad_id, batch_size
+        self.device, self.bf16 = device, bf16
         self.version = 0
         # transformers 5.x names the KV cache argument `cache`; 4.x `past_key_values`
         self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -37,7 +41,7 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int):
-        gen = torch.Generator().manual_seed(seed)
+        gen = torch.Generator(device=self.device or "cpu").manual_seed(seed)
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
         for start in range(0, len(prompts), self.batch_size):
@@ -54,14 +58,17 @@ class HFEngine:
         for i, x in enumerate(prompts):
             ids[i, p - len(x):] = torch.tensor(x, dtype=torch.long)
             attn[i, p - len(x):] = 1
+        if self.device is not None:
+            ids, attn = ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         past = None
         cur, cur_pos = ids, pos
-        done = torch.zeros(b, dtype=torch.bool)
+        done = torch.zeros(b, dtype=torch.bool, device=ids.device)
         tokens, lps = [], []
         for _ in range(params.max_new_tokens):
-            out = self.model(input_ids=cur, attention_mask=attn, position_ids=cur_pos, use_cache=True,
-                             **{self._cache_arg: past})
+            with _autocast(self.device, self.bf16):
+                out = self.model(input_ids=cur, attention_mask=attn, position_ids=cur_pos, use_cache=True,
+                                 **{self._cache_arg: past})
             past = getattr(out, self._cache_arg)
             logits = out.logits[:, -1, :].float()
             logp = torch.log_softmax(logits / max(params.temperature, 1e-6), dim=-1)
@@ -80,8 +87,8 @@ class HFEngine:
             cur = tok[:, None]
             attn = torch.cat([attn, (~done).long()[:, None] | 1], dim=1)
             cur_pos = cur_pos[:, -1:] + 1
-        toks = torch.stack(tokens, 1) if tokens else torch.zeros((b, 0), dtype=torch.long)
-        lpt = torch.stack(lps, 1) if lps else torch.zeros((b, 0))
+        toks = torch.stack(tokens, 1).cpu() if tokens else torch.zeros((b, 0), dtype=torch.long)
+        lpt = torch.stack(lps, 1).cpu() if lps else torch.zeros((b, 0))
         responses, logprobs = [], []
         for i in range(b):
             row, lrow = toks[i].tolist(), lpt[i].tolist()
@@ -89,3 +96,11 @@ class HFEngine:
             responses.append(row[:n])
             logprobs.append(lrow[:n])
         return responses, logprobs
+
+
+def _autocast(device: str | None, bf16: bool):
+    import contextlib
+
+    if device is None or not bf16:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)

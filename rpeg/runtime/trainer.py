@@ -61,10 +61,16 @@ class Trainer:
     policy loss; `value`: it trains a value head (the critic, or a value head on the actor)."""
 
     def __init__(self, model, config: AlgoConfig, optim: OptimConfig, *, lm: bool = True, value: bool = False,
-                 shard: bool = False, tp: int = 1):
+                 shard: bool = False, tp: int = 1, device: str | None = None, bf16: bool = False):
+        """`device`: where the model computes (None: where it is, the CPU path); `bf16`: forward and
+        backward in bf16 under autocast while the parameters, gradients and optimizer stay fp32 (the
+        master weights), as FSDP2's bf16 mixed precision does per shard."""
         self.config, self.optim, self.lm, self.value = config, optim, lm, value
-        self.model = model
+        self.device, self.bf16 = device, bf16
+        self.model = model if device is None else model.to(device)
         self.head = ValueHead(model.config.hidden_size) if value else None
+        if self.head is not None and device is not None:
+            self.head = self.head.to(device)
         if shard or tp > 1:
             from torch.distributed.device_mesh import init_device_mesh
 
@@ -88,8 +94,11 @@ class Trainer:
 
     # ---- forward passes -------------------------------------------------------------------------
     def _forward(self, b: Batch, need_values: bool):
-        out = self.model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids(),
-                         output_hidden_states=need_values)
+        if self.device is not None:
+            b = b.to(self.device)
+        with _autocast(self.device, self.bf16):
+            out = self.model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids(),
+                             output_hidden_states=need_values)
         logp = None
         if self.lm:
             logits = out.logits[:, :-1].float() / self.optim.temperature
@@ -104,7 +113,7 @@ class Trainer:
         for idx in _chunks(b.size, self.optim.micro_batch):
             mb = b.select(idx)
             logp, v = self._forward(mb, values)
-            outs.append((v if values else logp) * mb.mask)
+            outs.append(((v if values else logp) * mb.mask.to(logp.device if logp is not None else v.device)).cpu())
         return torch.cat(outs)
 
     def logprobs(self, b: Batch) -> torch.Tensor:
@@ -141,7 +150,9 @@ class Trainer:
             # the losses aggregate over the mini-batch: weight each micro-batch by its share
             share = float(mb.mask.sum()) / tokens if self.config.loss_agg == "token-mean" else len(idx) / mini.size
             logp, values = self._forward(mb, self.value)
-            loss = torch.zeros(())
+            if self.device is not None:
+                mb = mb.to(self.device)
+            loss = torch.zeros((), device=self.device) if self.device is not None else torch.zeros(())
             if self.lm:
                 pl, m = algos.policy_loss(logp, mb.extras["old_logprobs"], mb.extras["advantages"], mb.mask,
                                           self.config, ref_logprobs=mb.extras.get("ref_logprobs"))
@@ -164,7 +175,7 @@ class Trainer:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's full weights (gathered from the shards), for weight sync and checkpoints."""
         sd = self.model.state_dict()
-        return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in sd.items()}
+        return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu().clone() for k, v in sd.items()}
 
     def checkpoint_state(self) -> dict:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
@@ -213,6 +224,15 @@ def _clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
         for g in grads:
             g.mul_(coef)
     return float(total)
+
+
+def _autocast(device: str | None, bf16: bool):
+    """bf16 autocast on a GPU (fp32 master weights); nothing on the CPU path."""
+    import contextlib
+
+    if device is None or not bf16:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
 
 
 def _chunks(n: int, size: int) -> list[torch.Tensor]:
