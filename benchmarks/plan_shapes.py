@@ -1,0 +1,140 @@
+"""Plan shapes on this machine: for one job, each plan shape the runtime runs, its predicted and its
+measured step time side by side, and the measured speedup over the synchronous colocated plan.
+
+The job is the demo's (examples/demo-grpo-tiny.yaml: GRPO on the tiny model; PPO shapes use the
+same job with a critic). Each shape is built with the passes, predicted on `cpu-local` sized to
+its devices (measured as that many devices sharing the cores: this benchmark runs
+`rpeg calibrate --devices D` first for every D it needs and has no file for), run for
+`--warmup` + `--steps` steps, and its step time taken as the median of the steps after the
+warm-up. Shapes the runtime refuses are listed with its reason. Prints JSON, including Kendall's
+tau between the predicted and the measured order of the shapes.
+
+    .venv/bin/python benchmarks/plan_shapes.py [--steps 6] [--warmup 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+from rpeg.algorithms import Models, build_graph
+from rpeg.errors import RpegError
+from rpeg.graph.serde import from_data
+from rpeg.passes import bound_asynchrony, colocate, fuse, parallelize, place, share_actor_critic, stream
+from rpeg.runtime.config import RuntimeConfig
+from rpeg.runtime.plan_check import check_plan
+from rpeg.spec import load_spec
+
+
+def _laid_out(g, layouts=None):
+    layouts = layouts or {}
+    for s in g.stages:
+        if s.model and s.kind.value != "sync":
+            g = parallelize(g, s.name, **layouts.get(s.name, {"dp": 1}))
+    return g
+
+
+def shapes(job, spec) -> dict:
+    """name -> a function building the plan (each call builds it afresh)."""
+    tiny = Models(actor=spec)
+
+    def grpo():
+        return build_graph("grpo", job, tiny, kl_coef=0.0)
+
+    def ppo():
+        return build_graph("ppo", job, tiny)
+
+    def split(g, train=None):
+        groups = {"gen": 1, "train": (train or {}).get("devices", 1)}
+        g = place(g, groups, {"generate": "gen"}, default="train")
+        lay = {s.name: {"dp": 1} for s in g.stages}
+        if train:
+            lay.update({s.name: train["layout"] for s in g.stages if s.group == "train" and s.model})
+        return _laid_out(g, lay)
+
+    return {
+        "colocated synchronous": lambda: _laid_out(colocate(grpo(), 1)),
+        "logprobs fused into generation": lambda: _laid_out(fuse(colocate(grpo(), 1), ["generate", "actor_logprobs"])),
+        "split, async k=1": lambda: split(bound_asynchrony(grpo(), 1)),
+        "split, async k=1, training tp 2": lambda: split(bound_asynchrony(grpo(), 1),
+                                                         {"devices": 2, "layout": {"tp": 2}}),
+        "ppo, critic shared": lambda: _laid_out(colocate(share_actor_critic(ppo()), 1)),
+        "ppo, critic separate": lambda: _laid_out(colocate(ppo(), 1)),
+        "streaming 4": lambda: _laid_out(stream(colocate(grpo(), 1), 4)),
+        "colocated on 2 devices": lambda: _laid_out(colocate(grpo(), 2), {s: {"dp": 2} for s in (
+            "generate", "actor_logprobs", "actor_update")}),
+        "pipeline parallel 2": lambda: split(bound_asynchrony(grpo(), 1), {"devices": 2, "layout": {"pp": 2}}),
+    }
+
+
+def devices(g) -> int:
+    return max(grp.first + grp.count for grp in g.groups)
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    n, score = len(a), 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            score += (1 if (a[i] - a[j]) * (b[i] - b[j]) > 0 else -1 if (a[i] - a[j]) * (b[i] - b[j]) < 0 else 0)
+    return score / (n * (n - 1) / 2) if n > 1 else 1.0
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--job", default="examples/demo-grpo-tiny.yaml")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--only", nargs="*", help="run only these shapes (names as printed)")
+    args = ap.parse_args(argv)
+
+    from rpeg.hardware import load_cluster
+    from rpeg.hardware.calibrate import calibrate
+    from rpeg.hardware.loader import cpu_local_path
+    from rpeg.perf.step import predict_step
+    from rpeg.runtime.run import run
+
+    spec = load_spec(args.job)
+    job = spec.graph().job
+    base_rt = from_data(RuntimeConfig, spec.runtime, "runtime").replace(
+        steps=args.warmup + args.steps, warmup_sft_steps=0, warmup_target=0.0, eval_every=0, eval_size=20, checkpoint_every=0,
+        threads=0)
+    rows, refused = [], []
+    for name, build in shapes(job, spec.models.actor).items():
+        if args.only and name not in args.only:
+            continue
+        try:
+            g = build()
+            check_plan(g)
+        except RpegError as e:
+            refused.append({"shape": name, "refused": str(e)})
+            continue
+        d = devices(g)
+        for need in {1, d}:
+            if not cpu_local_path(need).is_file():
+                print(f"measuring cpu-local as {need} device(s): rpeg calibrate --devices {need}", file=sys.stderr,
+                      flush=True)
+                calibrate(devices=need)
+        predicted = predict_step(g, load_cluster("cpu-local", d)).step_s
+        out = tempfile.mkdtemp(prefix="rpeg-shapes-")
+        result = run(g, base_rt.replace(out=out), progress=False)
+        measured = statistics.median(m["step_s"] for m in result.metrics[args.warmup:])
+        rows.append({"shape": name, "devices": d, "predicted_s": predicted, "measured_s": measured,
+                     "measured_over_predicted": measured / predicted})
+        print(f"{name}: predicted {predicted:.3f} s, measured {measured:.3f} s", file=sys.stderr, flush=True)
+    base = next((r["measured_s"] for r in rows if r["shape"] == "colocated synchronous"), None)
+    for r in rows:
+        r["measured_speedup"] = base / r["measured_s"] if base else None
+    tau = kendall_tau([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
+    report = {"job": args.job, "steps": args.steps, "warmup_steps": args.warmup, "cores": os.cpu_count(),
+              "shapes": rows, "refused": refused, "kendall_tau": tau,
+              "within_0.75_1.33": sum(0.75 <= r["measured_over_predicted"] <= 1.33 for r in rows)}
+    print(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main()

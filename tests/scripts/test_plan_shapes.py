@@ -1,0 +1,47 @@
+"""benchmarks/plan_shapes.py: its shapes build, the runtime accepts or refuses each with a reason
+(the benchmark runs the accepted ones), and its rank correlation is Kendall's tau."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import pytest
+
+from rpeg.errors import RpegError
+from rpeg.runtime.plan_check import check_plan
+from rpeg.spec import load_spec
+
+ROOT = pathlib.Path(__file__).parents[2]
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("plan_shapes", ROOT / "benchmarks" / "plan_shapes.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_kendall_tau():
+    tau = _module().kendall_tau
+    assert tau([1, 2, 3], [10, 20, 30]) == 1.0
+    assert tau([1, 2, 3], [30, 20, 10]) == -1.0
+    assert tau([1, 2, 3, 4], [1, 2, 4, 3]) == pytest.approx(4 / 6)
+
+
+def test_every_shape_builds_and_is_run_or_refused_with_a_reason():
+    mod = _module()
+    spec = load_spec(str(ROOT / "examples" / "demo-grpo-tiny.yaml"))
+    shapes = mod.shapes(spec.graph().job, spec.models.actor)
+    assert len(shapes) >= 8
+    accepted, refused = [], []
+    for name, build in shapes.items():
+        g = build()
+        try:
+            check_plan(g)
+            accepted.append((name, mod.devices(g)))
+        except RpegError as e:
+            assert str(e) and "\n" not in str(e)
+            refused.append(name)
+    assert ("colocated synchronous", 1) in accepted and any(d > 1 for _, d in accepted)
+    assert "streaming 4" in refused  # until the runtime streams (issue 11, Build 3)
