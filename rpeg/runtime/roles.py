@@ -143,17 +143,23 @@ class Role:
 
     def call(self, op: str, batch: Batch, *args) -> tuple[list, tuple[float, float]]:
         """Run `op` on the batch: (each data shard's result, in order; the span from first start to last end)."""
+        return self.wait(self.submit(op, batch, *args))
+
+    def submit(self, op: str, batch: Batch, *args) -> list:
+        """Start `op` on the workers (their data shards) without waiting: the futures, for `wait`."""
         method = self.methods[op]
         if not self.sharded:
-            out, span = self.ray.get(getattr(self.workers[0], method).remote(batch, *args))
-            return [out], span
+            return [getattr(self.workers[0], method).remote(batch, *args)]
         shards = _split(batch.size, len(self.workers) // self.tp)
-        futs = [getattr(w, method).remote(batch.select(shards[r // self.tp]), *args)
+        return [getattr(w, method).remote(batch.select(shards[r // self.tp]), *args)
                 for r, w in enumerate(self.workers)]
-        outs = self.ray.get(futs)
+
+    def wait(self, futures: list) -> tuple[list, tuple[float, float]]:
+        outs = self.ray.get(futures)
         spans = [s for _, s in outs]
-        return [o for r, (o, _) in enumerate(outs) if r % self.tp == 0], (min(s[0] for s in spans),
-                                                                          max(s[1] for s in spans))
+        tp = self.tp if self.sharded else 1
+        return [o for r, (o, _) in enumerate(outs) if r % tp == 0], (min(s[0] for s in spans),
+                                                                     max(s[1] for s in spans))
 
     def collective(self, op: str):
         """A call every rank takes part in (gathering sharded weights); rank 0's result."""

@@ -334,11 +334,16 @@ class _Runner:
             batch.extras["returns"] = returns
         self._record(names.advantages, step, (t, time.time()))
         seed = rt.seed * 104729 + step
-        outs, span = roles.actor.call("train", batch, job.ppo_epochs, job.mini_batches, seed)
+        # the actor's and a separate critic's updates are independent: both start at once (on their own
+        # devices they run concurrently; sharing one worker, it runs them in this order)
+        actor = roles.actor.submit("train", batch, job.ppo_epochs, job.mini_batches, seed)
+        critic = roles.critic.submit("train", batch, job.ppo_epochs, job.mini_batches, seed) \
+            if roles.critic_trained else None
+        outs, span = roles.actor.wait(actor)
         self._record(names.actor_update, step, span)
         train_metrics = outs[0]
-        if roles.critic_trained:
-            outs, span = roles.critic.call("train", batch, job.ppo_epochs, job.mini_batches, seed)
+        if critic is not None:
+            outs, span = roles.critic.wait(critic)
             self._record(names.critic_update, step, span)
             train_metrics.update({f"critic_{k}": v for k, v in outs[0].items()})
         return m | {k: float(v) for k, v in train_metrics.items()}

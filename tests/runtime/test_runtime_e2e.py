@@ -210,3 +210,19 @@ def test_runtime_config_rejects_bad_engine_settings():
         RuntimeConfig(engine_memory=1.5)
     with pytest.raises(RpegError, match="expected hf or vllm"):
         RuntimeConfig(engine="sglang")
+
+
+def test_a_critic_on_its_own_devices_trains_concurrently_with_the_actor(tmp_path):
+    """Split PPO, the critic on a group of its own: both updates start at once, so in every step the
+    critic's update begins before the actor's has ended (their records overlap)."""
+    g = build_graph("ppo", job(), Models(actor=TINY))
+    g = place(g, {"gen": 1, "train": 1, "critic": 1}, {"generate": "gen", "critic_values": "critic",
+                                                        "critic_update": "critic"}, default="train")
+    g = laid_out(g)
+    result = run(g, rt(tmp_path, steps=2), progress=False)
+    recs = {(r.unit, r.step): r for r in result.timeline.records}
+    for step in (0, 1):
+        actor, critic = recs[("actor_update", step)], recs[("critic_update", step)]
+        assert critic.group != actor.group
+        assert critic.start < actor.end and actor.start < critic.end, (actor, critic)
+    assert "critic_vf_loss" in result.metrics[-1]
