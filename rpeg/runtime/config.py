@@ -4,6 +4,7 @@ In a job file it is the `runtime:` section:
 
     runtime:
       model_path: tiny          # a local Hugging Face folder, or `tiny` to build the tiny model
+      reward_model_path: tiny   # only for a job with a reward model: a sequence-classification folder
       task: {name: arithmetic, ops: [add], level: 2}
       steps: 40
       lr: 2.0e-5
@@ -50,6 +51,7 @@ class RuntimeConfig:
     engine_kv_cache_mib: int = 0  # vllm: KV cache size in MiB instead (0: sized by engine_memory)
     threads: int = 0  # torch threads per worker (0: the worker's CPU share)
     address: str = ""  # a Ray cluster to join ("" : RAY_ADDRESS, else a private local cluster)
+    reward_model_path: str = ""  # a local sequence-classification folder, or `tiny`: for plans with a reward model
     deterministic: bool = True
 
     def __post_init__(self) -> None:

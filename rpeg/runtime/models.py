@@ -81,3 +81,51 @@ def load(path: str, dtype=None):
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return model, tokenizer
+
+
+def build_tiny_reward(path: str, seed: int = 0) -> str:
+    """A tiny sequence-classification model (one score per sequence: a reward model's shape) with
+    the tiny model's tokenizer, written to `path`; returns the path. Random weights: for tests."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, Qwen2Config
+
+    from rpeg.graph import get_model
+
+    quiet()
+    spec = get_model("tiny-qwen2")
+    tokenizer = build_tokenizer()
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=spec.hidden, intermediate_size=spec.ffn,
+                         num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
+                         num_key_value_heads=spec.kv_heads, max_position_embeddings=512, num_labels=1,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, rope_theta=10000.0)
+    torch.manual_seed(seed + 1)
+    model = AutoModelForSequenceClassification.from_config(config)
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def load_reward(path: str):
+    """(sequence-classification model, tokenizer) from a local folder: a reward model with one label."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    quiet()
+    if not os.path.isdir(path) or not os.path.exists(os.path.join(path, "config.json")):
+        raise RpegError(f"reward model folder {path!r} is not a Hugging Face model folder (no config.json; "
+                        "reward_model_path: tiny builds a tiny one)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
+    except (OSError, ValueError) as e:
+        raise RpegError(f"cannot load the reward model in {path!r}: {str(e).splitlines()[0]}") from None
+    if model.config.num_labels != 1:
+        raise RpegError(f"reward model in {path!r} has {model.config.num_labels} labels; a reward model scores "
+                        "each sequence with one")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.config.pad_token_id = tokenizer.pad_token_id
+    tokenizer.padding_side = "right"  # the score is read at each sequence's last real token
+    return model.eval(), tokenizer

@@ -18,8 +18,6 @@ def check_plan(graph: Graph) -> None:
     if not graph.groups:
         raise RpegError("the plan places no stage on devices")
     for s in graph.stages:
-        if s.kind is Kind.REWARD and s.model is not None:
-            raise RpegError(f"stage {s.name!r} runs a reward model; the runtime scores with task rules only")
         lay = s.layout
         if s.model and s.kind is not Kind.SYNC and lay is None:
             raise RpegError(f"stage {s.name!r} has no parallel layout")
@@ -27,6 +25,9 @@ def check_plan(graph: Graph) -> None:
             raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime runs data parallelism (FSDP2) "
                             "and, for training and inference, tensor parallelism (DTensor); pipeline, context and "
                             "expert parallelism, and tensor-parallel generation engines, are planned, not executed")
+        if s.kind is Kind.REWARD and s.model is not None and lay is not None and lay.devices != lay.dp:
+            raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime runs a reward model data "
+                            "parallel only (one scorer per device)")
     if graph.streams:
         raise RpegError("the plan streams micro-batches between stages; the runtime hands whole batches over")
     if graph.reference_on_host:

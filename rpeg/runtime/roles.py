@@ -182,9 +182,29 @@ class Roles:
     critic_trained: bool = False
     workers: list = field(default_factory=list)  # every distinct handle
     placement: Placement | None = None
+    scorers: list = field(default_factory=list)  # a reward model's workers, one per device of its stage
+
+    def score(self, texts: list[str]) -> tuple[torch.Tensor, tuple[float, float]]:
+        """The reward model's score of each text, the texts split over its scorers."""
+        shards = _split(len(texts), len(self.scorers))
+        outs = self.ray.get([w.score.remote([texts[i] for i in idx]) for w, idx in zip(self.scorers, shards)])
+        return torch.cat([o for o, _ in outs]), (min(s[0] for _, s in outs), max(s[1] for _, s in outs))
 
     @classmethod
-    def build(cls, graph: Graph, rt: RuntimeConfig, model_path: str, ray) -> Roles:
+    def build(cls, graph: Graph, rt: RuntimeConfig, model_path: str, ray, reward_path: str = "") -> Roles:
+        roles = cls._build(graph, rt, model_path, ray)
+        reward = graph.stage(step_stages(graph).reward)
+        if reward.model is not None:  # a reward model: one scorer per device of its stage
+            from rpeg.runtime import workers as W
+
+            grp, n = graph.group(reward.group), reward.layout.dp
+            threads = rt.threads or max(1, (os.cpu_count() or 2) // max(1, len(roles.workers) + n))
+            roles.scorers = [ray.remote(num_cpus=0)(W.RewardWorker).options(**roles.placement.on(grp.first + d))
+                             .remote(reward_path, threads, rt.micro_batch) for d in range(n)]
+        return roles
+
+    @classmethod
+    def _build(cls, graph: Graph, rt: RuntimeConfig, model_path: str, ray) -> Roles:
         from rpeg.runtime import workers as W
 
         names = step_stages(graph)

@@ -82,6 +82,8 @@ def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool
     from rpeg.tasks import get_task
 
     check_plan(graph)
+    if graph.stage(step_stages(graph).reward).model is not None and not rt.reward_model_path:
+        _reward_path(rt)  # the one-line error, before anything starts
     if rt.engine == "vllm":
         from rpeg.runtime.vllm_engine import require
 
@@ -152,7 +154,8 @@ class _Runner:
         self.names = step_stages(graph)
         self.k = graph.async_bound
         self.fused = graph.fusion_group_of(self.names.actor_logprobs) is not None  # logprobs from the engine
-        self.roles = Roles.build(graph, rt, model_path, ray)
+        self.reward_model = graph.stage(self.names.reward).model is not None
+        self.roles = Roles.build(graph, rt, model_path, ray, _reward_path(rt) if self.reward_model else "")
         self.groups = {s.name: graph.group(s.group) for s in graph.stages if s.group}
         self.t0 = time.time()
         self.records: list[Record] = []
@@ -263,10 +266,14 @@ class _Runner:
         self._record(names.generate, step, res.span)
         t = time.time()
         texts = self.tok.batch_decode(res.responses, skip_special_tokens=True)
-        scores = torch.tensor([self.task.reward(problems[i // n], txt) for i, txt in enumerate(texts)])
-        self._record(names.reward, step, (t, time.time()))
+        rule = torch.tensor([self.task.reward(problems[i // n], txt) for i, txt in enumerate(texts)])
+        if self.reward_model:  # the plan scores with a reward model: prompt and response, as text
+            scores, span = self.roles.score([problems[i // n].prompt + txt for i, txt in enumerate(texts)])
+        else:
+            scores, span = rule, (t, time.time())
+        self._record(names.reward, step, span)
         staleness = [step - v for v in res.versions]
-        m = {"step": step + 1, "reward": float(scores.mean()), "accuracy": float((scores >= 1.0).float().mean()),
+        m = {"step": step + 1, "reward": float(scores.mean()), "accuracy": float((rule >= 1.0).float().mean()),
              "response_len": sum(map(len, res.responses)) / len(res.responses),
              "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness)}
         greedy_scores = None
@@ -274,8 +281,12 @@ class _Runner:
             self._record(names.greedy, step, res.greedy_span)
             t = time.time()
             greedy_texts = self.tok.batch_decode(res.greedy, skip_special_tokens=True)
-            greedy_scores = torch.tensor([self.task.reward(p, txt) for p, txt in zip(problems, greedy_texts)])
-            self._record(names.greedy_reward, step, (t, time.time()))
+            if self.reward_model:
+                greedy_scores, span = self.roles.score([p.prompt + txt for p, txt in zip(problems, greedy_texts)])
+            else:
+                greedy_scores = torch.tensor([self.task.reward(p, txt) for p, txt in zip(problems, greedy_texts)])
+                span = (t, time.time())
+            self._record(names.greedy_reward, step, span)
             m["greedy_reward"] = float(greedy_scores.mean())
         rows = list(range(len(scores)))
         if names.group_filter:
@@ -378,6 +389,18 @@ class _Runner:
         return Timeline(records=tuple(sorted(self.records, key=lambda r: r.start)), steps=steps, step_s=step_s,
                         step_ends=tuple(ends), tokens_per_step=0.0, sequences_per_step=self.job.sequences,
                         max_staleness=max((m["staleness_max"] for m in metrics), default=0), source="measured")
+
+
+def _reward_path(rt: RuntimeConfig) -> str:
+    """The reward model's folder: the job's, or the tiny one built under the run's folder."""
+    if not rt.reward_model_path:
+        raise RpegError("the plan scores with a reward model: set runtime.reward_model_path to a local Hugging Face "
+                        "sequence-classification folder (or `tiny` for a tiny random one)")
+    if rt.reward_model_path == "tiny":
+        from rpeg.runtime.models import build_tiny_reward
+
+        return build_tiny_reward(os.path.join(rt.out, "tiny-reward"), seed=rt.seed)
+    return rt.reward_model_path
 
 
 # ---- files ---------------------------------------------------------------------------------------------

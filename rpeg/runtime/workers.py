@@ -132,6 +132,28 @@ class InferenceWorker(_Where):
         return _timed(self.trainer.logprobs, batch)
 
 
+class RewardWorker(_Where):
+    """A reward model (a sequence-classification head with one label) scoring whole sequences."""
+
+    def __init__(self, model_path: str, threads: int = 0, micro_batch: int = 64):
+        from rpeg.runtime.models import load_reward
+
+        _threads(threads)
+        self.model, self.tok = load_reward(model_path)
+        self.micro_batch = max(1, micro_batch)
+
+    @torch.no_grad()
+    def score(self, texts: list[str]):
+        """One score per text (prompt and response as the policy decoded them, re-tokenized by the
+        reward model's own tokenizer, as systems do when the two tokenizers differ)."""
+        t = time.time()
+        out = []
+        for i in range(0, len(texts), self.micro_batch):
+            enc = self.tok(texts[i:i + self.micro_batch], return_tensors="pt", padding=True, add_special_tokens=False)
+            out.append(self.model(**enc).logits[:, 0].float())
+        return torch.cat(out), (t, time.time())
+
+
 class ColocatedWorker(_Where):
     """Rollout, actor training, reference and critic on the same device, in one process."""
 
