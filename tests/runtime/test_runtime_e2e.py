@@ -32,6 +32,12 @@ def laid_out(g):
     return g
 
 
+def split_async_plan(kl_coef=0.0):
+    """GRPO with generation on one device, everything else on another, one step ahead (k = 1)."""
+    g = bound_asynchrony(build_graph("grpo", job(), Models(actor=TINY), kl_coef=kl_coef), 1)
+    return laid_out(place(g, {"gen": 1, "train": 1}, {"generate": "gen"}, default="train"))
+
+
 def colocated_plan(algorithm="grpo", **cfg):
     return laid_out(colocate(build_graph(algorithm, job(), Models(actor=TINY), **cfg), 1))
 

@@ -21,28 +21,17 @@ import platform
 import pytest
 import torch
 
-from rpeg.algorithms import Models, build_graph
-from rpeg.passes import bound_asynchrony, parallelize, place
 from rpeg.runtime.run import run
-from tests.runtime.test_runtime_e2e import TINY, colocated_plan, job, rt
+from tests.runtime.test_runtime_e2e import colocated_plan, rt, split_async_plan
 
 GOLDEN = pathlib.Path(__file__).parents[1] / "golden" / "runtime"
 WRITE = os.environ.get("RPEG_GOLDEN_WRITE") == "1"
 
 
-def _split_async_plan():
-    g = bound_asynchrony(build_graph("grpo", job(), Models(actor=TINY), kl_coef=0.04), 1)
-    g = place(g, {"gen": 1, "train": 1}, {"generate": "gen"}, default="train")
-    for s in g.stages:
-        if s.model and s.kind.value != "sync":
-            g = parallelize(g, s.name, dp=1)
-    return g
-
-
 CASES = {  # name -> (plan, steps); each exercises rewards, the policy loss and the KL or critic paths
     "grpo-colocated": (lambda: colocated_plan("grpo", kl_coef=0.04), 4),
     "ppo-colocated": (lambda: colocated_plan("ppo"), 3),
-    "grpo-split-async1": (_split_async_plan, 3),
+    "grpo-split-async1": (lambda: split_async_plan(kl_coef=0.04), 3),
 }
 TIMING = ("_s",)  # measured wall times: not part of the math
 

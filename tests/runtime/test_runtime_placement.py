@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from rpeg.algorithms import Models, build_graph
-from rpeg.passes import bound_asynchrony, colocate, parallelize, place
+from rpeg.passes import colocate
 from rpeg.runtime.roles import Placement, Roles
-from tests.runtime.test_runtime_e2e import TINY, job, laid_out, rt
+from tests.runtime.test_runtime_e2e import TINY, job, laid_out, rt, split_async_plan
 
 
 @pytest.fixture
@@ -29,22 +29,13 @@ def two_nodes():
     cluster.shutdown()
 
 
-def _split_plan():
-    g = bound_asynchrony(build_graph("grpo", job(), Models(actor=TINY), kl_coef=0.0), 1)
-    g = place(g, {"gen": 1, "train": 1}, {"generate": "gen"}, default="train")
-    for s in g.stages:
-        if s.model and s.kind.value != "sync":
-            g = parallelize(g, s.name, dp=1)
-    return g
-
-
 def test_a_split_plan_trains_on_a_two_node_cluster_given_by_its_address(two_nodes, tmp_path):
     import ray
 
     from rpeg.runtime.run import run
 
     assert not ray.is_initialized()  # the run connects to the cluster it is given
-    result = run(_split_plan(), rt(tmp_path, steps=2, address=two_nodes.address), progress=False)
+    result = run(split_async_plan(), rt(tmp_path, steps=2, address=two_nodes.address), progress=False)
     assert len(result.metrics) == 2 and result.metrics[-1]["staleness_max"] == 1
     assert not ray.is_initialized()  # and leaves the user's cluster running, its devices given back
     ray.init(address=two_nodes.address, log_to_driver=False)
@@ -59,7 +50,7 @@ def test_each_rank_is_placed_on_its_devices_bundle(two_nodes, tmp_path):
     from rpeg.runtime.models import build_tiny
 
     ray.init(address=two_nodes.address, log_to_driver=False)
-    roles = Roles.build(_split_plan(), rt(tmp_path), build_tiny(str(tmp_path / "tiny")), ray)
+    roles = Roles.build(split_async_plan(), rt(tmp_path), build_tiny(str(tmp_path / "tiny")), ray)
     try:
         engine_node, _ = ray.get(roles.engines[0].where.remote())
         trainer_node, _ = ray.get(roles.actor.workers[0].where.remote())
