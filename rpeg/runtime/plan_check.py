@@ -37,8 +37,10 @@ def check_plan(graph: Graph) -> None:
         raise RpegError("the plan carries responses across steps (partial rollout); the runtime generates each "
                         "step's batch to the end")
     for group in graph.fusion:
-        if set(group) != {"generate", "actor_logprobs"}:
-            raise RpegError(f"the runtime fuses generation with the policy's logprobs only, not ({', '.join(group)})")
+        kinds = {graph.stage(n).kind for n in group}
+        if set(group) != {"generate", "actor_logprobs"} and kinds != {Kind.TRAIN}:
+            raise RpegError(f"the runtime fuses generation with the policy's logprobs, and the actor's and critic's "
+                            f"updates, not ({', '.join(group)})")
     gen = graph.stage("generate")
     for s in graph.stages:
         if s.kind is Kind.GENERATE and s is not gen and (s.group != gen.group or s.layout != gen.layout):

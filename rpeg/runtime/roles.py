@@ -269,6 +269,12 @@ class Roles:
             (critic.workers if critic is not None and critic is not actor else [])
         return cls(ray, False, engines, actor, reference, critic, has_critic, everyone, place)
 
+    def train_fused(self, batch: Batch, *args) -> tuple[dict, dict, tuple[float, float]]:
+        """Actor and critic updates in one schedule in the colocated worker: (actor metrics, critic
+        metrics, span)."""
+        (actor, critic), span = self.ray.get(self.engines[0].train_fused.remote(batch, *args))
+        return actor, critic, span
+
     def close(self) -> None:
         """Give the devices back (a private cluster goes away anyway; a user's keeps running)."""
         if self.placement is not None:

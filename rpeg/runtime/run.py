@@ -155,6 +155,8 @@ class _Runner:
         self.k = graph.async_bound
         self.fused = graph.fusion_group_of(self.names.actor_logprobs) is not None  # logprobs from the engine
         self.reward_model = graph.stage(self.names.reward).model is not None
+        fused_with = graph.fusion_group_of(self.names.actor_update) or ()
+        self.fused_updates = self.names.critic_update is not None and self.names.critic_update in fused_with
         self.roles = Roles.build(graph, rt, model_path, ray, _reward_path(rt) if self.reward_model else "")
         self.groups = {s.name: graph.group(s.group) for s in graph.stages if s.group}
         self.t0 = time.time()
@@ -345,6 +347,11 @@ class _Runner:
             batch.extras["returns"] = returns
         self._record(names.advantages, step, (t, time.time()))
         seed = rt.seed * 104729 + step
+        if self.fused_updates and roles.colocated:  # one schedule: their optimizer steps alternate
+            actor_m, critic_m, span = roles.train_fused(batch, job.ppo_epochs, job.mini_batches, seed)
+            self._record(names.actor_update, step, span)
+            self._record(names.critic_update, step, span)
+            return m | {k: float(v) for k, v in (actor_m | {f"critic_{k}": v for k, v in critic_m.items()}).items()}
         # the actor's and a separate critic's updates are independent: both start at once (on their own
         # devices they run concurrently; sharing one worker, it runs them in this order)
         actor = roles.actor.submit("train", batch, job.ppo_epochs, job.mini_batches, seed)

@@ -127,19 +127,18 @@ class Trainer:
     # ---- updates ----------------------------------------------------------------------------------
     def train(self, b: Batch, epochs: int, mini_batches: int, seed: int) -> dict[str, float]:
         """PPO epochs over `mini_batches` optimizer steps each; returns mean metrics."""
+        return mean_metrics(self.steps(b, epochs, mini_batches, seed))
+
+    def steps(self, b: Batch, epochs: int, mini_batches: int, seed: int):
+        """The optimizer steps of `train`, one at a time (each yields its metrics): two trainers'
+        steps can then alternate in one schedule (actor and critic fused on the same devices)."""
         gen = torch.Generator().manual_seed(seed)
-        totals: dict[str, float] = {}
-        count = 0
         for _ in range(epochs):
             order = torch.randperm(b.size, generator=gen)
             for chunk in torch.tensor_split(order, mini_batches):
                 if len(chunk) == 0:
                     continue
-                metrics = self._step(b.select(chunk))
-                for k, v in metrics.items():
-                    totals[k] = totals.get(k, 0.0) + v
-                count += 1
-        return {k: v / max(count, 1) for k, v in totals.items()}
+                yield self._step(b.select(chunk))
 
     def _step(self, mini: Batch) -> dict[str, float]:
         self.opt.zero_grad(set_to_none=True)
@@ -208,6 +207,17 @@ class _Joint(torch.nn.Module):
     def __init__(self, modules: list[torch.nn.Module]):
         super().__init__()
         self.parts = torch.nn.ModuleList(modules)
+
+
+def mean_metrics(steps) -> dict[str, float]:
+    """The mean of each metric over optimizer steps (an iterable of metric dicts)."""
+    totals: dict[str, float] = {}
+    count = 0
+    for metrics in steps:
+        for k, v in metrics.items():
+            totals[k] = totals.get(k, 0.0) + v
+        count += 1
+    return {k: v / max(count, 1) for k, v in totals.items()}
 
 
 def _clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:

@@ -205,6 +205,24 @@ class ColocatedWorker(_Where):
     def train_critic(self, batch: Batch, epochs: int, mini_batches: int, seed: int):
         return _timed(self.critic.train, batch, epochs, mini_batches, seed)
 
+    def train_fused(self, batch: Batch, epochs: int, mini_batches: int, seed: int):
+        """Actor and critic updates in one schedule (the plan fuses them): their optimizer steps
+        alternate, mini-batch by mini-batch; each model's math is what its own update computes."""
+        from rpeg.runtime.trainer import mean_metrics
+
+        def both():
+            actor, critic = [], []
+            for a, c in zip(self.actor.steps(batch, epochs, mini_batches, seed),
+                            self.critic.steps(batch, epochs, mini_batches, seed), strict=True):
+                actor.append(a)
+                critic.append(c)
+            return mean_metrics(actor), mean_metrics(critic)
+
+        (actor, critic), span = _timed(both)
+        if self.shares_model:
+            self.engine.model.eval()
+        return (actor, critic), span
+
     def state_dict(self):
         return self.actor.full_state_dict()
 

@@ -232,3 +232,18 @@ def test_a_critic_on_its_own_devices_trains_concurrently_with_the_actor(tmp_path
         assert critic.group != actor.group
         assert critic.start < actor.end and actor.start < critic.end, (actor, critic)
     assert "critic_vf_loss" in result.metrics[-1]
+
+
+def test_actor_and_critic_fused_train_in_one_schedule_with_the_same_math(tmp_path):
+    """fuse(actor_update, critic_update) on one device: their optimizer steps alternate in one call
+    (one span for both), and each model ends where its separate update would have taken it."""
+    from rpeg.passes import fuse
+    from tests.runtime.test_runtime_golden import record
+
+    fused = run(laid_out(fuse(colocate(build_graph("ppo", job(), Models(actor=TINY)), 1),
+                              ["actor_update", "critic_update"])), rt(tmp_path / "f", steps=2), progress=False)
+    apart = run(colocated_plan("ppo"), rt(tmp_path / "a", steps=2), progress=False)
+    recs = {(r.unit, r.step): (r.start, r.end) for r in fused.timeline.records}
+    assert all(recs[("actor_update", s)] == recs[("critic_update", s)] for s in (0, 1))
+    a, b = record(fused.out, fused.metrics), record(apart.out, apart.metrics)
+    assert a["weights"] == b["weights"] and a["metrics"] == b["metrics"]
