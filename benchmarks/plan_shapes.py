@@ -64,6 +64,9 @@ def shapes(job, spec) -> dict:
                                                          {"devices": 2, "layout": {"tp": 2}}),
         "ppo, critic shared": lambda: _laid_out(colocate(share_actor_critic(ppo()), 1)),
         "ppo, critic separate": lambda: _laid_out(colocate(ppo(), 1)),
+        "ppo, actor and critic fused": lambda: _laid_out(fuse(colocate(ppo(), 1), ["actor_update", "critic_update"])),
+        "grpo, reward model": lambda: _laid_out(colocate(build_graph("grpo", job, Models(actor=spec, reward=spec),
+                                                                     kl_coef=0.0), 1)),
         "streaming 4": lambda: _laid_out(stream(colocate(grpo(), 1), 4)),
         "colocated on 2 devices": lambda: _laid_out(colocate(grpo(), 2), {s: {"dp": 2} for s in (
             "generate", "actor_logprobs", "actor_update")}),
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
     job = spec.graph().job
     base_rt = from_data(RuntimeConfig, spec.runtime, "runtime").replace(
         steps=args.warmup + args.steps, warmup_sft_steps=0, warmup_target=0.0, eval_every=0, eval_size=20, checkpoint_every=0,
-        threads=0)
+        threads=0, reward_model_path="tiny")  # the reward-model shape scores with a tiny random one
     rows, refused = [], []
     for name, build in shapes(job, spec.models.actor).items():
         if args.only and name not in args.only:
