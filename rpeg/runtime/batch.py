@@ -35,20 +35,19 @@ class Batch:
 
     def to(self, device) -> Batch:
         """The same batch with its tensors on `device` (a GPU rank's micro-batch)."""
-        return replace(self, input_ids=self.input_ids.to(device), attention_mask=self.attention_mask.to(device),
-                       mask=self.mask.to(device), group_index=self.group_index.to(device),
-                       weight_version=self.weight_version.to(device),
-                       rollout_logprobs=self.rollout_logprobs.to(device),
-                       scores=None if self.scores is None else self.scores.to(device),
-                       extras={k: v.to(device) for k, v in self.extras.items()})
+        return self._map(lambda t: t.to(device))
 
     def select(self, idx: torch.Tensor) -> Batch:
         """The sequences at `idx` (a mini- or micro-batch)."""
-        return replace(self, input_ids=self.input_ids[idx], attention_mask=self.attention_mask[idx],
-                       mask=self.mask[idx], group_index=self.group_index[idx], weight_version=self.weight_version[idx],
-                       rollout_logprobs=self.rollout_logprobs[idx],
-                       scores=None if self.scores is None else self.scores[idx],
-                       extras={k: v[idx] for k, v in self.extras.items()})
+        return self._map(lambda t: t[idx])
+
+    def _map(self, fn) -> Batch:
+        """The batch with `fn` applied to every per-sequence tensor."""
+        return replace(self, input_ids=fn(self.input_ids), attention_mask=fn(self.attention_mask), mask=fn(self.mask),
+                       group_index=fn(self.group_index), weight_version=fn(self.weight_version),
+                       rollout_logprobs=fn(self.rollout_logprobs),
+                       scores=None if self.scores is None else fn(self.scores),
+                       extras={k: fn(v) for k, v in self.extras.items()})
 
     def response_lengths(self) -> torch.Tensor:
         return self.mask.sum(-1)

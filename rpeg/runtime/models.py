@@ -129,3 +129,15 @@ def load_reward(path: str):
     model.config.pad_token_id = tokenizer.pad_token_id
     tokenizer.padding_side = "right"  # the score is read at each sequence's last real token
     return model.eval(), tokenizer
+
+
+def autocast(device: str | None, bf16: bool):
+    """bf16 autocast for a model on a device (fp32 master weights stay as they are); nothing on the
+    default CPU path (device None) or without bf16."""
+    import contextlib
+
+    import torch
+
+    if device is None or not bf16:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)

@@ -47,15 +47,14 @@ class StepStages:
 def step_stages(graph: Graph) -> StepStages:
     stages = graph.stages
 
-    def one(pred, what: str):
-        found = [s for s in stages if pred(s)]
-        return found[0] if found else None
+    def one(pred):
+        return next((s for s in stages if pred(s)), None)
 
     def reads_from(producer, kind):
-        return one(lambda s: s.kind is kind and producer is not None and set(s.reads) & set(producer.writes), "")
+        return one(lambda s: s.kind is kind and producer is not None and set(s.reads) & set(producer.writes))
 
-    generate = one(lambda s: s.kind is Kind.GENERATE and not s.greedy, "generation")
-    greedy = one(lambda s: s.kind is Kind.GENERATE and s.greedy, "greedy generation")
+    generate = one(lambda s: s.kind is Kind.GENERATE and not s.greedy)
+    greedy = one(lambda s: s.kind is Kind.GENERATE and s.greedy)
     reward = reads_from(generate, Kind.REWARD)
     greedy_reward = reads_from(greedy, Kind.REWARD)
     infer: dict = {}
@@ -73,7 +72,7 @@ def step_stages(graph: Graph) -> StepStages:
                       actor_logprobs=infer["actor"].name, advantages=advantages.name,
                       actor_update=train["actor"].name, greedy=name(greedy), greedy_reward=name(greedy_reward),
                       group_filter=name(group_filter), ref_logprobs=name(infer.get("ref")),
-                      values=name(one(lambda s: s.kind is Kind.INFER and "values" in s.writes, "values")),
+                      values=name(one(lambda s: s.kind is Kind.INFER and "values" in s.writes)),
                       critic_update=name(train.get("critic")))
 
 
@@ -156,10 +155,8 @@ class Role:
 
     def wait(self, futures: list) -> tuple[list, tuple[float, float]]:
         outs = self.ray.get(futures)
-        spans = [s for _, s in outs]
         tp = self.tp if self.sharded else 1
-        return [o for r, (o, _) in enumerate(outs) if r % tp == 0], (min(s[0] for s in spans),
-                                                                     max(s[1] for s in spans))
+        return [o for r, (o, _) in enumerate(outs) if r % tp == 0], joined([s for _, s in outs])
 
     def collective(self, op: str):
         """A call every rank takes part in (gathering sharded weights); rank 0's result."""
@@ -188,12 +185,14 @@ class Roles:
         """The reward model's score of each text, the texts split over its scorers."""
         shards = _split(len(texts), len(self.scorers))
         outs = self.ray.get([w.score.remote([texts[i] for i in idx]) for w, idx in zip(self.scorers, shards)])
-        return torch.cat([o for o, _ in outs]), (min(s[0] for _, s in outs), max(s[1] for _, s in outs))
+        return torch.cat([o for o, _ in outs]), joined([s for _, s in outs])
 
     @classmethod
-    def build(cls, graph: Graph, rt: RuntimeConfig, model_path: str, ray, reward_path: str = "") -> Roles:
-        roles = cls._build(graph, rt, model_path, ray)
-        reward = graph.stage(step_stages(graph).reward)
+    def build(cls, graph: Graph, rt: RuntimeConfig, model_path: str, ray, reward_path: str = "",
+              names: StepStages | None = None) -> Roles:
+        names = names or step_stages(graph)
+        roles = cls._build(graph, names, rt, model_path, ray)
+        reward = graph.stage(names.reward)
         if reward.model is not None:  # a reward model: one scorer per device of its stage
             from rpeg.runtime import workers as W
 
@@ -204,10 +203,9 @@ class Roles:
         return roles
 
     @classmethod
-    def _build(cls, graph: Graph, rt: RuntimeConfig, model_path: str, ray) -> Roles:
+    def _build(cls, graph: Graph, names: StepStages, rt: RuntimeConfig, model_path: str, ray) -> Roles:
         from rpeg.runtime import workers as W
 
-        names = step_stages(graph)
         cfg = graph.config
         gen, train = graph.stage(names.generate), graph.stage(names.actor_update)
         colocated = graph.group(gen.group).overlaps(graph.group(train.group))
@@ -262,18 +260,30 @@ class Roles:
             clay = graph.stage(names.critic_update).layout
             cmaster = _node_ip(ray, place.on(first(names.critic_update)))
             critics = [remote(W.TrainerWorker, first(names.critic_update) + r).remote(
-                model_path, cfg, optim, lm=False, value=True, rank=r, world=clay.devices, master=f"{cmaster}:{port + 1}",
-                tp=clay.tp, threads=threads, deterministic=rt.deterministic, seed=rt.seed) for r in range(clay.devices)]
+                model_path, cfg, optim, lm=False, value=True, rank=r, world=clay.devices,
+                master=f"{cmaster}:{port + 1}", tp=clay.tp, threads=threads, deterministic=rt.deterministic,
+                seed=rt.seed) for r in range(clay.devices)]
             critic = Role(ray, critics, model_ops, tp=clay.tp)
         everyone = engines + trainers + (reference.workers if reference else []) + \
             (critic.workers if critic is not None and critic is not actor else [])
         return cls(ray, False, engines, actor, reference, critic, has_critic, everyone, place)
 
-    def train_fused(self, batch: Batch, *args) -> tuple[dict, dict, tuple[float, float]]:
-        """Actor and critic updates in one schedule in the colocated worker: (actor metrics, critic
-        metrics, span)."""
-        (actor, critic), span = self.ray.get(self.engines[0].train_fused.remote(batch, *args))
-        return actor, critic, span
+    def update(self, batch: Batch, *args, fused: bool = False) -> tuple[tuple[dict, tuple], tuple[dict, tuple] | None]:
+        """The actor's update and a trained critic's: ((actor metrics, span), (critic metrics, span)
+        or None). Fused by the plan on one worker, their optimizer steps alternate in one call (one
+        span for both); otherwise both start at once: on their own devices they run concurrently,
+        sharing one worker it runs them in turn."""
+        if fused and self.colocated and self.critic_trained:
+            (actor, critic), span = self.ray.get(self.engines[0].train_fused.remote(batch, *args))
+            return (actor, span), (critic, span)
+        pending = self.actor.submit("train", batch, *args)
+        critic = self.critic.submit("train", batch, *args) if self.critic_trained else None
+        outs, span = self.actor.wait(pending)
+        actor = (outs[0], span)
+        if critic is None:
+            return actor, None
+        outs, span = self.critic.wait(critic)
+        return actor, (outs[0], span)
 
     def close(self) -> None:
         """Give the devices back (a private cluster goes away anyway; a user's keeps running)."""
@@ -287,7 +297,7 @@ class Roles:
         t = time.time()
         ref = self.ray.put(self.actor.collective("weights"))
         spans = self.ray.get([w.load_weights.remote(ref, version) for w in self.engines])
-        return t, max(s[1] for s in spans)
+        return t, joined(spans)[1]
 
     def states(self) -> dict:
         """What a checkpoint keeps of the models: the actor's and a trained critic's state."""
@@ -308,6 +318,12 @@ def _node_ip(ray, options: dict) -> str:
         return ray.util.get_node_ip_address()
 
     return ray.get(ip.options(**options).remote())
+
+
+def joined(spans) -> tuple[float, float]:
+    """The wall-clock span of several workers' parts: first start to last end."""
+    spans = list(spans)
+    return min(s[0] for s in spans), max(s[1] for s in spans)
 
 
 def _split(n: int, parts: int) -> list[torch.Tensor]:

@@ -9,7 +9,10 @@ it returns the log-probability of every sampled token under the sampling distrib
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import torch
+
+from rpeg.runtime.models import autocast
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +69,7 @@ class HFEngine:
         done = torch.zeros(b, dtype=torch.bool, device=ids.device)
         tokens, lps = [], []
         for _ in range(params.max_new_tokens):
-            with _autocast(self.device, self.bf16):
+            with autocast(self.device, self.bf16):
                 out = self.model(input_ids=cur, attention_mask=attn, position_ids=cur_pos, use_cache=True,
                                  **{self._cache_arg: past})
             past = getattr(out, self._cache_arg)
@@ -97,10 +100,3 @@ class HFEngine:
             logprobs.append(lrow[:n])
         return responses, logprobs
 
-
-def _autocast(device: str | None, bf16: bool):
-    import contextlib
-
-    if device is None or not bf16:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)

@@ -5,9 +5,9 @@ config or RAY_ADDRESS names one. Workers are placed per the plan (`roles.Roles`)
 runs generation, reference and training in one worker process (the engine samples with the
 trainer's model); a disaggregated plan runs `dp` generation engines and an FSDP2 training group of
 `dp` ranks, and ships new weights through the Ray object store. The loop below sees neither: it
-calls each role's uniform operations and names stages only as the graph does (`step_stages`). Bounded asynchrony: generation for
-step s + j is launched as soon as it may run on the current weights (j <= k); every sample
-records the weight version it came from.
+calls each role's uniform operations and names stages only as the graph does (`step_stages`).
+Bounded asynchrony: generation for step s + j is launched as soon as it may run on the current
+weights (j <= k); every sample records the weight version it came from.
 
 Outputs under `out/`: metrics.jsonl (a line per step), reward.png, timeline.json (Chrome trace,
 the simulator's format) and gantt.png, checkpoints/ (atomic; `resume=True` continues exactly).
@@ -32,7 +32,7 @@ from rpeg.runtime.batch import Batch, build_batch
 from rpeg.runtime.config import RuntimeConfig
 from rpeg.runtime.outputs import ProgressBar, append_jsonl, load_latest, save_atomic, write_jsonl, write_outputs
 from rpeg.runtime.plan_check import check_plan
-from rpeg.runtime.roles import Roles, step_stages
+from rpeg.runtime.roles import Roles, joined, step_stages
 from rpeg.runtime.rollout import SamplingParams
 from rpeg.runtime.sft import prepare_model
 from rpeg.sim.timeline import Record, Timeline
@@ -157,7 +157,8 @@ class _Runner:
         self.reward_model = graph.stage(self.names.reward).model is not None
         fused_with = graph.fusion_group_of(self.names.actor_update) or ()
         self.fused_updates = self.names.critic_update is not None and self.names.critic_update in fused_with
-        self.roles = Roles.build(graph, rt, model_path, ray, _reward_path(rt) if self.reward_model else "")
+        self.roles = Roles.build(graph, rt, model_path, ray, _reward_path(rt) if self.reward_model else "",
+                                 names=self.names)
         self.groups = {s.name: graph.group(s.group) for s in graph.stages if s.group}
         self.t0 = time.time()
         self.records: list[Record] = []
@@ -190,11 +191,11 @@ class _Runner:
         """Wait for a step's generation and join the engines' results."""
         outs = self.ray.get(item.futures)
         res = Rollout(item.prompts, [r for o in outs for r in o[0]], [lp for o in outs for lp in o[1]],
-                      [o[2] for o in outs for _ in o[0]], (min(o[3][0] for o in outs), max(o[3][1] for o in outs)))
+                      [o[2] for o in outs for _ in o[0]], joined(o[3] for o in outs))
         if item.greedy_futures is not None:
             outs = self.ray.get(item.greedy_futures)
             res.greedy = [r for o in outs for r in o[0]]
-            res.greedy_span = (min(o[3][0] for o in outs), max(o[3][1] for o in outs))
+            res.greedy_span = joined(o[3] for o in outs)
         return res
 
     def _record(self, stage: str, step: int, span, group_of: str | None = None) -> None:
@@ -266,13 +267,9 @@ class _Runner:
         job, names = self.job, self.names
         n = job.samples_per_prompt
         self._record(names.generate, step, res.span)
-        t = time.time()
         texts = self.tok.batch_decode(res.responses, skip_special_tokens=True)
-        rule = torch.tensor([self.task.reward(problems[i // n], txt) for i, txt in enumerate(texts)])
-        if self.reward_model:  # the plan scores with a reward model: prompt and response, as text
-            scores, span = self.roles.score([problems[i // n].prompt + txt for i, txt in enumerate(texts)])
-        else:
-            scores, span = rule, (t, time.time())
+        owners = [problems[i // n] for i in range(len(texts))]
+        scores, rule, span = self._rewards(owners, texts)
         self._record(names.reward, step, span)
         staleness = [step - v for v in res.versions]
         m = {"step": step + 1, "reward": float(scores.mean()), "accuracy": float((rule >= 1.0).float().mean()),
@@ -281,13 +278,8 @@ class _Runner:
         greedy_scores = None
         if res.greedy is not None:
             self._record(names.greedy, step, res.greedy_span)
-            t = time.time()
             greedy_texts = self.tok.batch_decode(res.greedy, skip_special_tokens=True)
-            if self.reward_model:
-                greedy_scores, span = self.roles.score([p.prompt + txt for p, txt in zip(problems, greedy_texts)])
-            else:
-                greedy_scores = torch.tensor([self.task.reward(p, txt) for p, txt in zip(problems, greedy_texts)])
-                span = (t, time.time())
+            greedy_scores, _, span = self._rewards(problems, greedy_texts)
             self._record(names.greedy_reward, step, span)
             m["greedy_reward"] = float(greedy_scores.mean())
         rows = list(range(len(scores)))
@@ -307,6 +299,16 @@ class _Runner:
                             [i // n for i in range(len(rows))], pick(res.versions), self.tok.pad_token_id)
         batch.scores = scores[rows]
         return m, greedy_scores, batch
+
+    def _rewards(self, problems: list, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor, tuple[float, float]]:
+        """(the scores trained on, the task rule's scores, the span): the rule's, or with a reward model
+        in the plan, its scores of prompt + response as text."""
+        t = time.time()
+        rule = torch.tensor([self.task.reward(p, txt) for p, txt in zip(problems, texts)])
+        if not self.reward_model:
+            return rule, rule, (t, time.time())
+        scores, span = self.roles.score([p.prompt + txt for p, txt in zip(problems, texts)])
+        return scores, rule, span
 
     def _one_step(self, step: int, item: Launched) -> dict:
         rt, job, g, names, roles = self.rt, self.job, self.g, self.names, self.roles
@@ -347,23 +349,13 @@ class _Runner:
             batch.extras["returns"] = returns
         self._record(names.advantages, step, (t, time.time()))
         seed = rt.seed * 104729 + step
-        if self.fused_updates and roles.colocated:  # one schedule: their optimizer steps alternate
-            actor_m, critic_m, span = roles.train_fused(batch, job.ppo_epochs, job.mini_batches, seed)
-            self._record(names.actor_update, step, span)
-            self._record(names.critic_update, step, span)
-            return m | {k: float(v) for k, v in (actor_m | {f"critic_{k}": v for k, v in critic_m.items()}).items()}
-        # the actor's and a separate critic's updates are independent: both start at once (on their own
-        # devices they run concurrently; sharing one worker, it runs them in this order)
-        actor = roles.actor.submit("train", batch, job.ppo_epochs, job.mini_batches, seed)
-        critic = roles.critic.submit("train", batch, job.ppo_epochs, job.mini_batches, seed) \
-            if roles.critic_trained else None
-        outs, span = roles.actor.wait(actor)
+        (train_metrics, span), critic = roles.update(batch, job.ppo_epochs, job.mini_batches, seed,
+                                                     fused=self.fused_updates)
         self._record(names.actor_update, step, span)
-        train_metrics = outs[0]
         if critic is not None:
-            outs, span = roles.critic.wait(critic)
+            critic_metrics, span = critic
             self._record(names.critic_update, step, span)
-            train_metrics.update({f"critic_{k}": v for k, v in outs[0].items()})
+            train_metrics = train_metrics | {f"critic_{k}": v for k, v in critic_metrics.items()}
         return m | {k: float(v) for k, v in train_metrics.items()}
 
     # ---- checkpoints -------------------------------------------------------------------------------------

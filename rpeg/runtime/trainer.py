@@ -16,6 +16,7 @@ import torch.distributed as dist
 from rpeg.graph.config import AlgoConfig
 from rpeg.runtime import algos
 from rpeg.runtime.batch import Batch
+from rpeg.runtime.models import autocast
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +94,12 @@ class Trainer:
         self.updates = 0
 
     # ---- forward passes -------------------------------------------------------------------------
+    def _on_device(self, b: Batch) -> Batch:
+        return b if self.device is None else b.to(self.device)
+
     def _forward(self, b: Batch, need_values: bool):
-        if self.device is not None:
-            b = b.to(self.device)
-        with _autocast(self.device, self.bf16):
+        """Logprobs and values of a micro-batch already on the trainer's device."""
+        with autocast(self.device, self.bf16):
             out = self.model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids(),
                              output_hidden_states=need_values)
         logp = None
@@ -111,9 +114,9 @@ class Trainer:
         """Logprobs (values=False) or values of every next token, micro-batch by micro-batch."""
         outs = []
         for idx in _chunks(b.size, self.optim.micro_batch):
-            mb = b.select(idx)
+            mb = self._on_device(b.select(idx))
             logp, v = self._forward(mb, values)
-            outs.append(((v if values else logp) * mb.mask.to(logp.device if logp is not None else v.device)).cpu())
+            outs.append(((v if values else logp) * mb.mask).cpu())
         return torch.cat(outs)
 
     def logprobs(self, b: Batch) -> torch.Tensor:
@@ -145,13 +148,11 @@ class Trainer:
         tokens = float(mini.mask.sum().clamp(min=1.0))
         metrics: dict[str, float] = {}
         for idx in _chunks(mini.size, self.optim.micro_batch):
-            mb = mini.select(idx)
+            mb = self._on_device(mini.select(idx))
             # the losses aggregate over the mini-batch: weight each micro-batch by its share
             share = float(mb.mask.sum()) / tokens if self.config.loss_agg == "token-mean" else len(idx) / mini.size
             logp, values = self._forward(mb, self.value)
-            if self.device is not None:
-                mb = mb.to(self.device)
-            loss = torch.zeros((), device=self.device) if self.device is not None else torch.zeros(())
+            loss = torch.zeros((), device=self.device)
             if self.lm:
                 pl, m = algos.policy_loss(logp, mb.extras["old_logprobs"], mb.extras["advantages"], mb.mask,
                                           self.config, ref_logprobs=mb.extras.get("ref_logprobs"))
@@ -234,15 +235,6 @@ def _clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
         for g in grads:
             g.mul_(coef)
     return float(total)
-
-
-def _autocast(device: str | None, bf16: bool):
-    """bf16 autocast on a GPU (fp32 master weights); nothing on the CPU path."""
-    import contextlib
-
-    if device is None or not bf16:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
 
 
 def _chunks(n: int, size: int) -> list[torch.Tensor]:

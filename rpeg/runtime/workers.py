@@ -3,8 +3,9 @@ process (the engine samples with the trainer's own model, so a weight sync costs
 hybrid-engine arrangement verl and DeepSpeed-Chat use).
 
 Each class is plain Python; `runtime.roles` wraps them with `ray.remote` and places them as the
-plan says (each on its device's placement-group bundle). Every method that does a stage's work returns the wall-clock (start, end) it ran, so
-the driver can write a measured timeline in the simulator's format.
+plan says (each on its device's placement-group bundle). Every method that does a stage's work
+returns the wall-clock (start, end) it ran, so the driver can write a measured timeline in the
+simulator's format.
 """
 
 from __future__ import annotations
