@@ -64,24 +64,24 @@ def calibrate(path: str | os.PathLike | None = None, seconds: float = 2.0, devic
         flop_per_s, matmul_runs = _matmul_flop_per_s(np, 0.6 * seconds)
         bytes_per_s, copy_runs = _copy_bytes_per_s(np, 0.4 * seconds)
         shared = ""
-        name, description = CPU_LOCAL, f"this machine's CPU ({cores} logical cores), measured"
+        description = f"this machine's CPU ({cores} logical cores), measured"
     else:
-        rates = _concurrent(devices, max(1, cores // devices), seconds)
+        threads = max(1, cores // devices)
+        rates = _concurrent(devices, threads, seconds)
         flop_per_s = sum(r[0] for r in rates) / devices
         bytes_per_s = sum(r[2] for r in rates) / devices
         matmul_runs, copy_runs = min(r[1] for r in rates), min(r[3] for r in rates)
         ram_bytes //= devices
-        shared = (f"; one of {devices} processes with {max(1, cores // devices)} thread(s) each, all measuring at "
+        shared = (f"; one of {devices} processes with {threads} thread(s) each, all measuring at "
                   f"once, the mean of theirs (matmul {min(r[0] for r in rates) / 1e9:.1f}-"
                   f"{max(r[0] for r in rates) / 1e9:.1f} GFLOP/s, copy {min(r[2] for r in rates) / 1e9:.1f}-"
                   f"{max(r[2] for r in rates) / 1e9:.1f} GB/s)")
-        name = CPU_LOCAL
         description = f"one of {devices} devices sharing this machine's CPU ({cores} logical cores), measured"
     matmul = (f"{how}: float32 {MATMUL_N}x{MATMUL_N} matmul, 2*n^3 FLOP over the best of {matmul_runs} runs"
               f"{shared}")
     stand_in = "; the fp32 rate stands in for this dtype (numpy has no fast bf16/fp16 matmul on CPUs)"
     data = {
-        "name": name,
+        "name": CPU_LOCAL,
         "kind": "cpu",
         "description": description,
         "bf16_dense_gflop_per_s": round(flop_per_s / 1e9, 2),

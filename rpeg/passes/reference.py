@@ -25,3 +25,8 @@ def reference_on_host(graph: Graph) -> Graph:
     if why:
         raise refuse(call, why)
     return finish(graph, graph.replace(reference_on_host=True), call)
+
+
+def keep_reference_on_host(graph: Graph) -> Graph:
+    """NeMo-RL's way for any graph: `reference_on_host()` when it runs a reference, else unchanged."""
+    return reference_on_host(graph) if any(s.model == "ref" for s in graph.stages) else graph

@@ -117,7 +117,7 @@ def gemm_efficiency(device) -> float:
 
 def host_time(device) -> float:
     """How much longer host-side work takes on the CPU that drives `device` (HOST_TIME)."""
-    return HOST_TIME[getattr(device, "host", "x86")].value
+    return HOST_TIME[device.host].value
 
 
 def link_efficiency(link: str) -> float:

@@ -33,7 +33,7 @@ from rpeg.graph import Job, Kind, LengthDistribution, ModelSpec, ParallelLayout,
 from rpeg.graph.bounds import MAX_COUNT, MAX_GPUS, MAX_SECONDS, MAX_TOKENS, problem, show
 from rpeg.graph.serde import from_data, read_yaml_file
 from rpeg.hardware import load_cluster
-from rpeg.passes import bound_asynchrony, parallelize, place, reference_on_host, refit
+from rpeg.passes import bound_asynchrony, keep_reference_on_host, parallelize, place, refit
 from rpeg.perf.efficiency import Factor
 from rpeg.perf.step import SWITCH, predict_step
 from rpeg.perf.training import PassWorkload, pass_cost
@@ -289,8 +289,7 @@ def nemo_rl_plan(run: NemoRlRun, where: str):
             mb = run.training["micro_batch" if train else "logprob_batch"]
             g = parallelize(g, s.name, **lay, **extra, micro_batch=mb, packing=run.training["packing"])
     g = refit(g, "full")  # NeMo-RL's refit gathers every tensor in full (refit_utils.gather_params)
-    if any(s.model == "ref" for s in g.stages):
-        g = reference_on_host(g)  # the reference's weights wait on the host (use_reference_model)
+    g = keep_reference_on_host(g)  # the reference's weights wait on the host (use_reference_model)
     return g, load_cluster(run.system, gpus)
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from rpeg.graph import Graph
 from rpeg.hardware.topology import Cluster
-from rpeg.passes import bound_asynchrony, colocate, reference_on_host, refit
+from rpeg.passes import bound_asynchrony, colocate, keep_reference_on_host, refit
 from rpeg.search.baselines.common import check_input, finish, node_divisors, split_generation
 from rpeg.search.layouts import LayoutCache, LayoutOptions
 
@@ -53,7 +53,7 @@ def build(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Grap
     check_input(graph, cluster, gpus, "nemo-rl")
     g = bound_asynchrony(graph, 0)
     g = colocate(g, gpus)  # policy.generation.colocated.enabled = true
-    g = _reference(refit(g, REFIT_GATHER))
+    g = keep_reference_on_host(refit(g, REFIT_GATHER))
     return finish(g, cluster, options(cluster), cache, "nemo-rl")
 
 
@@ -61,10 +61,6 @@ def build_one_step_off(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutC
     check_input(graph, cluster, gpus, "nemo-rl-one-step-off")
     g = bound_asynchrony(graph, MAX_TRAJECTORY_AGE_STEPS)
     g = split_generation(g, cluster, gpus, GENERATION_SHARE, "generation")
-    g = _reference(refit(g, REFIT_GATHER))
+    g = keep_reference_on_host(refit(g, REFIT_GATHER))
     return finish(g, cluster, options(cluster), cache, "nemo-rl-one-step-off")
 
-
-def _reference(g: Graph) -> Graph:
-    """NeMo-RL keeps the reference's weights on the host (see the module docstring)."""
-    return reference_on_host(g) if any(s.model == "ref" for s in g.stages) else g
