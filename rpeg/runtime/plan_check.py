@@ -21,10 +21,10 @@ def check_plan(graph: Graph) -> None:
         lay = s.layout
         if s.model and s.kind is not Kind.SYNC and lay is None:
             raise RpegError(f"stage {s.name!r} has no parallel layout")
-        if lay and (lay.pp > 1 or lay.cp > 1 or lay.ep > 1 or (lay.tp > 1 and s.kind is Kind.GENERATE)):
+        if lay and (lay.pp > 1 or lay.cp > 1 or lay.ep > 1):
             raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime runs data parallelism (FSDP2) "
-                            "and, for training and inference, tensor parallelism (DTensor); pipeline, context and "
-                            "expert parallelism, and tensor-parallel generation engines, are planned, not executed")
+                            "and tensor parallelism (DTensor); pipeline, context and expert parallelism are planned, "
+                            "not executed")
         if s.kind is Kind.REWARD and s.model is not None and lay is not None and lay.devices != lay.dp:
             raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime runs a reward model data "
                             "parallel only (one scorer per device)")
@@ -53,9 +53,13 @@ def check_plan(graph: Graph) -> None:
         raise RpegError(f"actor_logprobs runs on the training workers, so its dp and tp must match actor_update's "
                         f"(dp {train.layout.dp}, tp {train.layout.tp}); it asks for {logprobs.describe()}")
     if graph.group(gen.group).overlaps(graph.group(train.group)):
-        if gen.layout.dp != 1 or train.layout.devices != 1 or graph.group(gen.group) != graph.group(train.group):
-            raise RpegError("a colocated plan runs on one device in the runtime (generation and training share "
-                            "its process); give generation its own devices to use data parallelism")
+        n = graph.group(train.group).count
+        if graph.group(gen.group) != graph.group(train.group) or (gen.layout.dp, gen.layout.devices) != (n, n) \
+                or train.layout.tp != 1:
+            raise RpegError(f"a colocated plan runs one process per device, each generating its share and training "
+                            f"its FSDP2 shard: generation and training must share one group with data parallelism "
+                            f"only (generate {gen.layout.describe()}, actor_update {train.layout.describe()} on "
+                            f"{train.group!r}); give generation its own devices for tensor parallelism")
 
 
 def runnable_plan(graph: Graph, cluster: Cluster, gpus: int) -> Candidate:

@@ -167,12 +167,40 @@ class Role:
 
 
 @dataclass
+class Engines:
+    """The generation engines: `ranks[j]` are engine j's workers, one, or the `tp` ranks of a
+    tensor-parallel engine (they all take the same prompts; the first one's result stands for them).
+    Each worker has generate(prompts, params, seed) and load_weights(state, version)."""
+
+    ray: object
+    ranks: list[list]
+
+    def submit(self, prompts: list, params, seed: int) -> list[list]:
+        """Start generating `prompts`, split over the engines (engine j seeded `seed + j`): the futures."""
+        shards = _split(len(prompts), len(self.ranks))
+        return [[w.generate.remote([prompts[i] for i in idx], params, seed + j) for w in ranks]
+                for j, (ranks, idx) in enumerate(zip(self.ranks, shards))]
+
+    def wait(self, pending: list[list]) -> list:
+        """Each engine's (responses, logprobs, weight version, span), in order."""
+        return [self.ray.get(futures)[0] for futures in pending]
+
+    def one(self, prompts: list, params, seed: int):
+        """All of `prompts` on the first engine (held-out evaluation)."""
+        return self.ray.get([w.generate.remote(prompts, params, seed) for w in self.ranks[0]])[0]
+
+    def load(self, state, version: int) -> tuple[float, float]:
+        """New weights (None: from the trainer in the same process) into every engine: the span."""
+        return joined(self.ray.get([w.load_weights.remote(state, version) for ranks in self.ranks for w in ranks]))
+
+
+@dataclass
 class Roles:
     """Every worker of the plan: generation engines and a Role per model that runs."""
 
     ray: object
     colocated: bool
-    engines: list  # generation handles: generate(prompts, params, seed), load_weights(state, version)
+    engines: Engines
     actor: Role
     reference: Role | None = None
     critic: Role | None = None  # values, and `train` when the critic is its own model
@@ -222,32 +250,39 @@ class Roles:
         def first(stage: str) -> int:
             return graph.group(graph.stage(stage).group).first
         model_ops = {"logprobs": "logprobs", "values": "values", "train": "train", "state": "checkpoint_state",
-                     "restore": "restore", "weights": "state_dict"}
-        if colocated:
-            coloc = remote(W.ColocatedWorker, first(names.generate)).remote(
+                     "restore": "restore", "weights": "state_dict", "train_fused": "train_fused"}
+        port = 29500 + random.Random(os.getpid()).randrange(2000)
+
+        def meet(device: int, offset: int = 0) -> str:  # a group's rendezvous: its rank 0's node, here otherwise
+            return f"{_node_ip(ray, place.on(device))}:{port + offset}"
+        if colocated:  # one process per device, each hosting every role (FSDP2 shards across them)
+            n = train.layout.devices
+            master = meet(first(names.actor_update)) if n > 1 else ""
+            cws = [remote(W.ColocatedWorker, first(names.generate) + r).remote(
                 model_path, cfg, optim, reference=has_ref, critic=has_critic, shared_value=shared_value,
-                threads=rt.threads or cores, deterministic=rt.deterministic, seed=rt.seed, engine=rt.engine,
-                engine_memory=rt.engine_memory, engine_kv_cache_mib=rt.engine_kv_cache_mib)
-            actor = Role(ray, [coloc], model_ops)
-            reference = Role(ray, [coloc], {"logprobs": "ref_logprobs"}, sharded=False) if has_ref else None
+                threads=rt.threads or max(1, cores // n), deterministic=rt.deterministic, seed=rt.seed,
+                engine=rt.engine, engine_memory=rt.engine_memory, engine_kv_cache_mib=rt.engine_kv_cache_mib,
+                rank=r, world=n, master=master) for r in range(n)]
+            actor = Role(ray, cws, model_ops)
+            reference = Role(ray, cws, {"logprobs": "ref_logprobs"}) if has_ref else None
             critic = None
             if has_critic:
-                critic = Role(ray, [coloc], {"values": "values", "train": "train_critic",
-                                             "state": "critic_checkpoint_state", "restore": "restore_critic"})
+                critic = Role(ray, cws, {"values": "values", "train": "train_critic",
+                                         "state": "critic_checkpoint_state", "restore": "restore_critic"})
             elif shared_value:
                 critic = actor
-            return cls(ray, True, [coloc], actor, reference, critic, has_critic, [coloc], place)
-        ngen, ntrain, tp = gen.layout.dp, train.layout.devices, train.layout.tp
-        threads = rt.threads or max(1, cores // (ngen + ntrain))
-        gtp = gen.layout.tp
-        engines = [remote(W.RolloutWorker, first(names.generate) + j * gtp).remote(
-            model_path, threads, rt.deterministic, rt.engine, rt.seed + j, rt.engine_memory, rt.engine_kv_cache_mib)
-            for j in range(ngen)]
-        port = 29500 + random.Random(os.getpid()).randrange(2000)
-        # the training group's rendezvous: its rank 0's node (a multi-node cluster), this host otherwise
-        master = _node_ip(ray, place.on(first(names.actor_update)))
+            return cls(ray, True, Engines(ray, [[w] for w in cws]), actor, reference, critic, has_critic, cws, place)
+        ngen, gtp, ntrain, tp = gen.layout.dp, gen.layout.tp, train.layout.devices, train.layout.tp
+        threads = rt.threads or max(1, cores // (ngen * gtp + ntrain))
+        ranks = []
+        for j in range(ngen):  # engine j: its gtp consecutive devices, a process group of its own when gtp > 1
+            master = meet(first(names.generate) + j * gtp, 2 + j) if gtp > 1 else ""
+            ranks.append([remote(W.RolloutWorker, first(names.generate) + j * gtp + r).remote(
+                model_path, threads, rt.deterministic, rt.engine, rt.seed + j, rt.engine_memory,
+                rt.engine_kv_cache_mib, rank=r, tp=gtp, master=master) for r in range(gtp)])
+        master = meet(first(names.actor_update))
         trainers = [remote(W.TrainerWorker, first(names.actor_update) + r).remote(
-            model_path, cfg, optim, lm=True, value=shared_value, rank=r, world=ntrain, master=f"{master}:{port}",
+            model_path, cfg, optim, lm=True, value=shared_value, rank=r, world=ntrain, master=master,
             tp=tp, threads=threads, deterministic=rt.deterministic, seed=rt.seed) for r in range(ntrain)]
         actor = Role(ray, trainers, model_ops, tp=tp)
         reference = None
@@ -258,15 +293,14 @@ class Roles:
         critic = actor if shared_value else None
         if has_critic:
             clay = graph.stage(names.critic_update).layout
-            cmaster = _node_ip(ray, place.on(first(names.critic_update)))
             critics = [remote(W.TrainerWorker, first(names.critic_update) + r).remote(
                 model_path, cfg, optim, lm=False, value=True, rank=r, world=clay.devices,
-                master=f"{cmaster}:{port + 1}", tp=clay.tp, threads=threads, deterministic=rt.deterministic,
+                master=meet(first(names.critic_update), 1), tp=clay.tp, threads=threads, deterministic=rt.deterministic,
                 seed=rt.seed) for r in range(clay.devices)]
             critic = Role(ray, critics, model_ops, tp=clay.tp)
-        everyone = engines + trainers + (reference.workers if reference else []) + \
+        everyone = [w for rs in ranks for w in rs] + trainers + (reference.workers if reference else []) + \
             (critic.workers if critic is not None and critic is not actor else [])
-        return cls(ray, False, engines, actor, reference, critic, has_critic, everyone, place)
+        return cls(ray, False, Engines(ray, ranks), actor, reference, critic, has_critic, everyone, place)
 
     def update(self, batch: Batch, *args, fused: bool = False) -> tuple[tuple[dict, tuple], tuple[dict, tuple] | None]:
         """The actor's update and a trained critic's: ((actor metrics, span), (critic metrics, span)
@@ -274,7 +308,8 @@ class Roles:
         span for both); otherwise both start at once: on their own devices they run concurrently,
         sharing one worker it runs them in turn."""
         if fused and self.colocated and self.critic_trained:
-            (actor, critic), span = self.ray.get(self.engines[0].train_fused.remote(batch, *args))
+            outs, span = self.actor.call("train_fused", batch, *args)
+            actor, critic = outs[0]
             return (actor, span), (critic, span)
         pending = self.actor.submit("train", batch, *args)
         critic = self.critic.submit("train", batch, *args) if self.critic_trained else None
@@ -293,11 +328,10 @@ class Roles:
     def push_weights(self, version: int) -> tuple[float, float]:
         """New actor weights into the engines: in-process when colocated, else through the object store."""
         if self.colocated:
-            return self.ray.get(self.engines[0].load_weights.remote(None, version))
+            return self.engines.load(None, version)
         t = time.time()
         ref = self.ray.put(self.actor.collective("weights"))
-        spans = self.ray.get([w.load_weights.remote(ref, version) for w in self.engines])
-        return t, joined(spans)[1]
+        return t, self.engines.load(ref, version)[1]
 
     def states(self) -> dict:
         """What a checkpoint keeps of the models: the actor's and a trained critic's state."""

@@ -26,20 +26,38 @@ class HFEngine:
     """Batched sampling with a KV cache on a Hugging Face model (CPU or one GPU)."""
 
     def __init__(self, model, eos_id: int, pad_id: int, batch_size: int = 256, device: str | None = None,
-                 bf16: bool = False):
+                 bf16: bool = False, group=None):
         """`device` None: the model's own (the CPU path, sampled with a CPU generator); else the
-        batch and a generator of its own live there, and `bf16` runs the forward under autocast."""
+        batch and a generator of its own live there, and `bf16` runs the forward under autocast.
+        `group`: the process group of a tensor-parallel model (DTensor-sharded layers): every rank
+        runs the same batch and takes the tokens its rank 0 sampled, so the ranks never diverge."""
         import inspect
 
         self.model = model.eval()
         self.eos_id, self.pad_id, self.batch_size = eos_id, pad_id, batch_size
         self.device, self.bf16 = device, bf16
         self.version = 0
+        self.group = group
         # transformers 5.x names the KV cache argument `cache`; 4.x `past_key_values`
         self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        self.model.load_state_dict(state_dict, strict=True)
+        """The full weights; a tensor-parallel rank keeps its slice of each (cut here, no communication)."""
+        if self.group is None:
+            self.model.load_state_dict(state_dict, strict=True)
+        else:
+            from torch.distributed.tensor import DTensor, distribute_tensor
+
+            own = self.model.state_dict()
+            if set(own) != set(state_dict):
+                raise KeyError(f"weights do not match the engine's model: {sorted(set(own) ^ set(state_dict))[:4]}")
+            with torch.no_grad():
+                for name, p in own.items():
+                    full = state_dict[name]
+                    if isinstance(p, DTensor):
+                        full = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
+                        p = p.to_local()
+                    p.copy_(full)
         self.version = version
 
     @torch.no_grad()
@@ -79,6 +97,10 @@ class HFEngine:
                 tok = logp.argmax(-1)
             else:
                 tok = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
+            if self.group is not None:  # the ranks' logits agree to rounding; their tokens must agree exactly
+                import torch.distributed as dist
+
+                dist.broadcast(tok, src=dist.get_global_rank(self.group, 0), group=self.group)
             lp = logp.gather(-1, tok[:, None]).squeeze(-1)
             tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
             lp = torch.where(done, torch.zeros_like(lp), lp)

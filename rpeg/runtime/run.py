@@ -82,8 +82,12 @@ def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool
     from rpeg.tasks import get_task
 
     check_plan(graph)
-    if graph.stage(step_stages(graph).reward).model is not None and not rt.reward_model_path:
+    names = step_stages(graph)
+    if graph.stage(names.reward).model is not None and not rt.reward_model_path:
         _reward_path(rt)  # the one-line error, before anything starts
+    if rt.engine == "vllm" and graph.stage(names.generate).layout.tp > 1:
+        raise RpegError(f"the plan generates with {graph.stage(names.generate).layout.describe()}: tensor-parallel "
+                        "generation runs in the hf engine; the vllm engine runs one device per engine here")
     if rt.engine == "vllm":
         from rpeg.runtime.vllm_engine import require
 
@@ -169,31 +173,25 @@ class _Runner:
         count = math.ceil(self.job.prompts * self.g.config.oversample - 1e-9)
         return self.task.problems("train", count, seed=self.rt.seed * 1_000_003 + step)
 
-    def _fan_out(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> list:
-        engines = self.roles.engines
-        shards = _split(len(prompts), len(engines))
-        return [w.generate.remote([prompts[i] for i in idx], params, seed + j)
-                for j, (w, idx) in enumerate(zip(engines, shards))]
-
     def _launch(self, step: int) -> Launched:
         problems = self._problems(step)
         n = self.job.samples_per_prompt
         ids = [self.tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
         prompts = [x for x in ids for _ in range(n)]
         params = SamplingParams(max_new_tokens=self.rt.max_new_tokens, temperature=self.rt.temperature)
-        item = Launched(problems, prompts, self._fan_out(prompts, params, self.rt.seed * 7919 + step * 31))
+        item = Launched(problems, prompts, self.roles.engines.submit(prompts, params, self.rt.seed * 7919 + step * 31))
         if self.names.greedy:  # ReMax: one greedy response per prompt, on the same engines and weights
             greedy = SamplingParams(max_new_tokens=self.rt.max_new_tokens, greedy=True)
-            item.greedy_futures = self._fan_out(ids, greedy, 0)
+            item.greedy_futures = self.roles.engines.submit(ids, greedy, 0)
         return item
 
     def _collect(self, item: Launched) -> Rollout:
         """Wait for a step's generation and join the engines' results."""
-        outs = self.ray.get(item.futures)
+        outs = self.roles.engines.wait(item.futures)
         res = Rollout(item.prompts, [r for o in outs for r in o[0]], [lp for o in outs for lp in o[1]],
                       [o[2] for o in outs for _ in o[0]], joined(o[3] for o in outs))
         if item.greedy_futures is not None:
-            outs = self.ray.get(item.greedy_futures)
+            outs = self.roles.engines.wait(item.greedy_futures)
             res.greedy = [r for o in outs for r in o[0]]
             res.greedy_span = joined(o[3] for o in outs)
         return res
@@ -217,7 +215,7 @@ class _Runner:
         for name, params in (("sampled", SamplingParams(max_new_tokens=self.rt.max_new_tokens,
                                                         temperature=self.rt.temperature)),
                              ("greedy", SamplingParams(max_new_tokens=self.rt.max_new_tokens, greedy=True))):
-            resp, _, _, _ = self.ray.get(self.roles.engines[0].generate.remote(prompts, params, self.rt.seed + 4242))
+            resp, _, _, _ = self.roles.engines.one(prompts, params, self.rt.seed + 4242)
             out[name] = self.task.accuracy(problems, self.tok.batch_decode(resp, skip_special_tokens=True))
         return out
 
@@ -328,8 +326,8 @@ class _Runner:
             gap = (batch.rollout_logprobs - batch.extras["old_logprobs"]) * batch.mask
             m["logprob_gap_max"] = float(gap.abs().max())
         if roles.reference is not None:
-            (out,), span = roles.reference.call("logprobs", batch)
-            batch.extras["ref_logprobs"] = out
+            outs, span = roles.reference.call("logprobs", batch)
+            batch.extras["ref_logprobs"] = out = torch.cat(outs)
             # the policy's KL to the reference on the sampled tokens (k1, mean per token): what a KL penalty holds
             diff = (batch.extras["old_logprobs"] - out) * batch.mask
             m["kl_ref"] = float(diff.sum() / batch.mask.sum().clamp(min=1))
@@ -400,11 +398,6 @@ def _reward_path(rt: RuntimeConfig) -> str:
 
         return build_tiny_reward(os.path.join(rt.out, "tiny-reward"), seed=rt.seed)
     return rt.reward_model_path
-
-
-# ---- files ---------------------------------------------------------------------------------------------
-def _split(n: int, parts: int) -> list[torch.Tensor]:
-    return [c for c in torch.tensor_split(torch.arange(n), parts)]
 
 
 __all__ = ["RunResult", "run"]

@@ -39,20 +39,35 @@ def _deterministic(on: bool) -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
 
 
+def _join_group(rank: int, world: int, master: str) -> None:
+    """Join the process group of `world` ranks meeting at `master` (host:port; gloo on CPU)."""
+    import torch.distributed as dist
+
+    host, port = master.split(":")
+    os.environ.update(MASTER_ADDR=host, MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
 def _load(path: str):
     from rpeg.runtime.models import load
 
     return load(path)
 
 
-def _engine(kind: str, model, tok, model_path: str, *, seed: int, threads: int, memory: float, kv_mib: int = 0):
+def _engine(kind: str, model, tok, model_path: str, *, seed: int, threads: int, memory: float, kv_mib: int = 0,
+            tp: bool = False):
     """The rollout engine the job asks for: `hf` samples with `model` itself; `vllm` loads its own
-    copy of the weights from `model_path` and takes new ones through `load_weights`."""
+    copy of the weights from `model_path` and takes new ones through `load_weights`. `tp`: `model`
+    is tensor-parallel over this process group, whose ranks all generate the same batch."""
     if kind == "vllm":
         from rpeg.runtime.vllm_engine import VLLMEngine
 
         return VLLMEngine(model_path, tok.eos_token_id, seed=seed, threads=threads, memory_fraction=memory,
                           kv_cache_bytes=kv_mib * 2**20)
+    if tp:
+        import torch.distributed as dist
+
+        return HFEngine(model, tok.eos_token_id, tok.pad_token_id, group=dist.group.WORLD)
     return HFEngine(model, tok.eos_token_id, tok.pad_token_id)
 
 
@@ -63,15 +78,25 @@ def _timed(fn, *args, **kwargs):
 
 
 class RolloutWorker(_Where):
-    """One generation engine instance with its own copy of the weights."""
+    """One generation engine instance with its own copy of the weights; or, with `tp` > 1, one rank
+    of a tensor-parallel engine (its process group the engine's `tp` ranks, each holding a
+    Megatron-style slice of every decoder layer; every rank runs the same batch)."""
 
     def __init__(self, model_path: str, threads: int = 0, deterministic: bool = True, engine: str = "hf",
-                 seed: int = 0, engine_memory: float = 0.4, engine_kv_cache_mib: int = 0):
+                 seed: int = 0, engine_memory: float = 0.4, engine_kv_cache_mib: int = 0, *, rank: int = 0,
+                 tp: int = 1, master: str = ""):
         _threads(threads)
         _deterministic(deterministic)
         model, tok = _load(model_path)
+        if tp > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            from rpeg.runtime.trainer import tensor_parallel
+
+            _join_group(rank, tp, master)
+            tensor_parallel(model, init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",)))
         self.engine = _engine(engine, model, tok, model_path, seed=seed, threads=threads, memory=engine_memory,
-                              kv_mib=engine_kv_cache_mib)
+                              kv_mib=engine_kv_cache_mib, tp=tp > 1)
 
     def generate(self, prompts, params: SamplingParams, seed: int):
         (resp, lps), span = _timed(self.engine.generate, prompts, params, seed)
@@ -91,11 +116,7 @@ class TrainerWorker(_Where):
         _threads(threads)
         _deterministic(deterministic)
         if world > 1:
-            import torch.distributed as dist
-
-            host, port = master.split(":")
-            os.environ.update(MASTER_ADDR=host, MASTER_PORT=port)
-            dist.init_process_group("gloo", rank=rank, world_size=world)
+            _join_group(rank, world, master)
         torch.manual_seed(seed)
         model, _ = _load(model_path)
         self.trainer = Trainer(model, config, optim, lm=lm, value=value, shard=world > tp, tp=tp)
@@ -156,22 +177,32 @@ class RewardWorker(_Where):
 
 
 class ColocatedWorker(_Where):
-    """Rollout, actor training, reference and critic on the same device, in one process."""
+    """Rollout, actor training, reference and critic on the same device, in one process; on N
+    devices (the hybrid engine), one such process per device: rank r of `world` holds its FSDP2
+    shard of the actor (and of a critic), gathers the full weights into its engine in-process at
+    each weight sync, and generates its share of the prompts."""
 
     def __init__(self, model_path: str, config: AlgoConfig, optim: OptimConfig, *, reference: bool, critic: bool,
                  shared_value: bool, threads: int = 0, deterministic: bool = True, seed: int = 0,
-                 engine: str = "hf", engine_memory: float = 0.4, engine_kv_cache_mib: int = 0):
+                 engine: str = "hf", engine_memory: float = 0.4, engine_kv_cache_mib: int = 0, rank: int = 0,
+                 world: int = 1, master: str = ""):
         _threads(threads)
         _deterministic(deterministic)
+        if world > 1:
+            _join_group(rank, world, master)
         torch.manual_seed(seed)
         model, tok = _load(model_path)
-        self.actor = Trainer(model, config, optim, lm=True, value=shared_value)
-        # hf: the engine samples with the trainer's own model; vllm: it holds a copy, refreshed in-process
-        self.engine = _engine(engine, model, tok, model_path, seed=seed, threads=threads, memory=engine_memory,
-                              kv_mib=engine_kv_cache_mib)
-        self.shares_model = isinstance(self.engine, HFEngine)
+        sharded = world > 1
+        self.actor = Trainer(model, config, optim, lm=True, value=shared_value, shard=sharded)
+        # hf on one device: the engine samples with the trainer's own model; a sharded trainer's model
+        # cannot sample alone, so the engine holds a full copy; vllm always holds its own; both copies
+        # are refreshed in-process from the (gathered) trainer weights
+        self.engine = _engine(engine, _load(model_path)[0] if sharded else model, tok, model_path, seed=seed,
+                              threads=threads, memory=engine_memory, kv_mib=engine_kv_cache_mib)
+        self.shares_model = isinstance(self.engine, HFEngine) and not sharded
         self.ref = Trainer(_load(model_path)[0].eval(), config, optim, lm=True) if reference else None
-        self.critic = Trainer(_load(model_path)[0], config, optim, lm=False, value=True) if critic else None
+        self.critic = Trainer(_load(model_path)[0], config, optim, lm=False, value=True,
+                              shard=sharded) if critic else None
 
     def generate(self, prompts, params: SamplingParams, seed: int):
         if self.shares_model:
@@ -180,7 +211,8 @@ class ColocatedWorker(_Where):
         return resp, lps, self.engine.version, span
 
     def load_weights(self, state_dict, version: int):
-        """In-process: an `hf` engine already holds the trainer's weights; a `vllm` one gets them as tensors."""
+        """In-process: an `hf` engine sharing the trainer's model already holds its weights; an own
+        copy (vllm, or a sharded trainer's: every rank gathers the shards) gets them as tensors."""
         t = time.time()
         if self.shares_model:
             self.engine.version = version

@@ -175,7 +175,7 @@ def test_plans_the_runtime_cannot_honour_are_refused(tmp_path):
     for s in two.stages:
         if s.model and s.kind.value != "sync":
             two = parallelize(two, s.name, dp=1, tp=2)
-    with pytest.raises(RpegError, match="tensor-parallel generation engines"):
+    with pytest.raises(RpegError, match="colocated plan runs one process per device.*data parallelism only"):
         run(two, rt(tmp_path), progress=False)
     apart = place(build_graph("remax", job(), Models(actor=TINY)), {"gen": 1, "greedy": 1, "train": 1},
                   {"generate": "gen", "generate_greedy": "greedy"}, default="train")
@@ -199,6 +199,53 @@ def test_tensor_parallel_training_group(tmp_path):
     assert updates and all(r.devices == (1, 2) for r in updates)  # the training group's two devices
     # on-policy: the engine got each step's weights through the object store, so its logprobs are the trainer's
     assert all(m["logprob_gap_max"] < 1e-4 for m in result.metrics), [m["logprob_gap_max"] for m in result.metrics]
+
+
+def test_a_colocated_plan_on_two_devices_shards_training_and_splits_generation(tmp_path):
+    """The hybrid engine on two devices: one process per device, each training its FSDP2 shard and
+    generating half of the prompts with the full weights it gathered in-process at the sync."""
+    import ray
+
+    from rpeg.runtime.models import build_tiny
+    from rpeg.runtime.roles import Roles
+    from rpeg.runtime.rollout import SamplingParams
+
+    g = colocate(build_graph("grpo", job(), Models(actor=TINY), kl_coef=0.04), 2)
+    for s in g.stages:
+        if s.model and s.kind.value != "sync":
+            g = parallelize(g, s.name, dp=2)
+    result = run(g, rt(tmp_path, steps=3), progress=False)
+    assert len(result.metrics) == 3 and all("kl_ref" in m for m in result.metrics)
+    # after every sync the engines' logprobs of their samples are the sharded trainer's: each rank's
+    # engine holds exactly the gathered weights of the current version
+    assert all(m["logprob_gap_max"] < 1e-4 for m in result.metrics), [m["logprob_gap_max"] for m in result.metrics]
+    assert any(m["grad_norm"] > 0 for m in result.metrics)
+    assert all(r.devices == (0, 2) for r in result.timeline.records if r.unit in ("generate", "actor_update"))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        roles = Roles.build(g, rt(tmp_path / "b"), build_tiny(str(tmp_path / "tiny")), ray)
+        try:
+            assert len(roles.engines.ranks) == 2 and len(roles.actor.workers) == 2
+            assert len({ray.get(w.where.remote())[1] for w in roles.actor.workers}) == 2  # two processes
+            outs = roles.engines.wait(roles.engines.submit([[5, 6, 7]] * 6, SamplingParams(max_new_tokens=2), 0))
+            assert [len(o[0]) for o in outs] == [3, 3]  # each generated its share
+        finally:
+            roles.close()
+    finally:
+        ray.shutdown()
+
+
+def test_tensor_parallel_generation_engine(tmp_path):
+    """Generation tensor-parallel over two devices (the hf engine, DTensor-sliced layers), training on
+    a third: after each weight sync the engine's logprobs of its samples are the trainer's."""
+    g = build_graph("grpo", job(), Models(actor=TINY), kl_coef=0.0)
+    g = place(g, {"gen": 2, "train": 1}, {"generate": "gen"}, default="train")
+    g = parallelize(g, "generate", dp=1, tp=2)
+    for name in ("actor_logprobs", "actor_update"):
+        g = parallelize(g, name, dp=1)
+    result = run(g, rt(tmp_path, steps=2), progress=False)
+    assert all(m["logprob_gap_max"] < 1e-4 for m in result.metrics), [m["logprob_gap_max"] for m in result.metrics]
+    assert all(r.devices == (0, 2) for r in result.timeline.records if r.unit == "generate")
 
 
 def test_vllm_engine_without_vllm_is_refused_before_anything_starts(tmp_path):

@@ -107,3 +107,58 @@ def test_two_rank_tensor_parallel_step_matches_one_process(tmp_path):
     start, _ = load(path)
     moved = max(float((ref[k] - start.state_dict()[k]).abs().max()) for k in ref)
     assert moved > 0.5 * OPT.lr  # the step moved weights by about lr, far more than the difference
+
+
+def _perturbed(path: str) -> dict:
+    """The tiny model's weights moved off their initial values (a weight sync, not a reload)."""
+    model, _ = load(path)
+    g = torch.Generator().manual_seed(3)
+    return {k: v + 0.02 * torch.randn(v.shape, generator=g) for k, v in model.state_dict().items()}
+
+
+def _rank_tp_engine(rank: int, world: int, port: int, path: str, out: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from rpeg.runtime.rollout import HFEngine, SamplingParams
+    from rpeg.runtime.trainer import tensor_parallel
+
+    _join(rank, world, port)
+    model, tok = load(path)
+    tensor_parallel(model, init_device_mesh("cpu", (world,), mesh_dim_names=("tp",)))
+    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, group=dist.group.WORLD)
+    engine.load_weights(_perturbed(path), version=1)
+    prompts = [[5 + i % 7, 6, 14, 7][: 2 + i % 3] for i in range(6)]
+    result = {"sampled": engine.generate(prompts, SamplingParams(max_new_tokens=6), seed=11),
+              "greedy": engine.generate(prompts, SamplingParams(max_new_tokens=6, greedy=True), seed=0)}
+    gathered = [None] * world
+    dist.all_gather_object(gathered, result)
+    _leave(rank, out, gathered)
+
+
+def test_tensor_parallel_generation_matches_one_process(tmp_path):
+    """A 2-rank tensor-parallel hf engine: each rank holds half of every decoder layer; after a weight
+    sync it samples what the one-process engine samples with the same weights and seed, and both
+    ranks return the same responses."""
+    from rpeg.runtime.rollout import HFEngine, SamplingParams
+
+    path = build_tiny(str(tmp_path / "tiny"))
+    torch.set_num_threads(1)
+    model, tok = load(path)
+    single = HFEngine(model, tok.eos_token_id, tok.pad_token_id)
+    single.load_weights(_perturbed(path), version=1)
+    prompts = [[5 + i % 7, 6, 14, 7][: 2 + i % 3] for i in range(6)]
+    want = {"sampled": single.generate(prompts, SamplingParams(max_new_tokens=6), seed=11),
+            "greedy": single.generate(prompts, SamplingParams(max_new_tokens=6, greedy=True), seed=0)}
+    out = str(tmp_path / "tp-engine.pt")
+    mp.start_processes(_rank_tp_engine, args=(2, _free_port(), path, out), nprocs=2, join=True, start_method="spawn")
+    ranks = torch.load(out, weights_only=False)
+    assert all(ranks[0][k][0] == ranks[1][k][0] for k in want)  # both ranks hold the same tokens
+    for kind in want:
+        responses, logprobs = ranks[0][kind]
+        assert responses == want[kind][0], kind
+        worst = max(abs(a - b) for x, y in zip(logprobs, want[kind][1]) for a, b in zip(x, y))
+        assert worst < 1e-4, (kind, worst)
+    # the weight sync took: the file's own weights sample something else
+    base = HFEngine(load(path)[0], tok.eos_token_id, tok.pad_token_id)
+    assert base.generate(prompts, SamplingParams(max_new_tokens=6), seed=11) != want["sampled"]

@@ -52,7 +52,7 @@ def test_each_rank_is_placed_on_its_devices_bundle(two_nodes, tmp_path):
     ray.init(address=two_nodes.address, log_to_driver=False)
     roles = Roles.build(split_async_plan(), rt(tmp_path), build_tiny(str(tmp_path / "tiny")), ray)
     try:
-        engine_node, _ = ray.get(roles.engines[0].where.remote())
+        engine_node, _ = ray.get(roles.engines.ranks[0][0].where.remote())
         trainer_node, _ = ray.get(roles.actor.workers[0].where.remote())
         assert engine_node != trainer_node
         assert {engine_node, trainer_node} == {n["NodeID"] for n in ray.nodes() if n["Alive"]}
