@@ -18,8 +18,11 @@ from rpeg.graph import AlgoConfig, Graph, Job
 
 DEFAULT = AlgoConfig(adv_estimator="gae", loss_agg="token-mean", kl_coef=0.001, kl_estimator="k1",
                      kl_in="reward", gamma=1.0, lam=0.95, value_clip=0.2)
-RECIPE = Recipe(critic=True, adv_granularity="sample",
-                adv_doc="GAE over each sequence's tokens, KL penalty folded into the reward")
+# GAE runs per sequence, but its advantages are then whitened over the batch's response tokens
+# (verl's compute_gae_advantage_return, masked_whiten; ours in runtime/advantages.py): the stage
+# needs the whole batch before it can finish
+RECIPE = Recipe(critic=True, adv_granularity="batch",
+                adv_doc="GAE over each sequence's tokens, KL penalty folded into the reward, whitened over the batch")
 
 
 def build(job: Job, models: Models, config: AlgoConfig = DEFAULT) -> Graph:

@@ -49,7 +49,7 @@ def test_ppo_has_a_critic_and_gae():
     assert g.stage("critic_update").kind is Kind.TRAIN and g.stage("critic_update").model == "critic"
     assert g.stage("advantages").writes == ("advantages", "returns")
     assert "values" in g.stage("advantages").reads
-    assert g.stage("advantages").granularity == "sample"
+    assert g.stage("advantages").granularity == "batch"  # GAE advantages are whitened over the batch
     custom = build("ppo", models=Models(actor=TINY, critic=RM))
     assert custom.model("critic").spec == RM
 
@@ -138,10 +138,10 @@ def test_reward_model_adds_a_reward_role(algorithm):
 def test_advantage_granularity():
     assert build("reinforce_pp").stage("advantages").granularity == "batch"
     assert build("reinforce_pp_baseline").stage("advantages").granularity == "batch"
+    assert build("ppo").stage("advantages").granularity == "batch"  # GAE, then whitened over the batch
     for algorithm in ("grpo", "rloo", "dapo", "dr_grpo"):
         assert build(algorithm).stage("advantages").granularity == "group"
-    for algorithm in ("ppo", "remax"):
-        assert build(algorithm).stage("advantages").granularity == "sample"
+    assert build("remax").stage("advantages").granularity == "sample"
 
 
 def test_config_overrides_and_unknown_options():

@@ -130,7 +130,7 @@ def test_fuse_legal_groups():
     ("grpo", ["actor_logprobs", "ref_logprobs"], "the stages run different models (actor, ref)"),
     ("grpo", ["reward", "advantages"], "'advantages' needs its whole group"),
     ("reinforce_pp", ["reward", "advantages"], "'advantages' needs its whole batch"),
-    ("ppo", ["generate", "advantages"], "lies between members of the group"),
+    ("remax", ["generate", "advantages"], "lies between members of the group"),
     ("grpo", ["actor_update", "actor_sync"], "'actor_sync' is a weight sync"),
     ("grpo", ["generate"], "fusion needs at least two stages"),
     ("grpo", ["generate", "generate"], "a stage is listed twice"),
