@@ -52,6 +52,28 @@ class Batch:
     def response_lengths(self) -> torch.Tensor:
         return self.mask.sum(-1)
 
+    @staticmethod
+    def join(parts: list[Batch], pad_id: int) -> Batch:
+        """The batches' sequences as one batch (micro-batches of a step, streamed through its stages),
+        re-padded to the longest prompt and response; one part is returned as it is."""
+        if len(parts) == 1:
+            return parts[0]
+        p = max(b.prompt_len for b in parts)
+        r = max(b.input_ids.shape[1] - b.prompt_len for b in parts)
+
+        def padded(b: Batch, t: torch.Tensor, value) -> torch.Tensor:
+            left = p - b.prompt_len  # prompts stay left-padded, responses right-padded
+            right = r - (b.input_ids.shape[1] - b.prompt_len)
+            return torch.nn.functional.pad(t, (left, right), value=value)
+
+        def cat(get, value=0) -> torch.Tensor:
+            return torch.cat([padded(b, get(b), value) if get(b).dim() == 2 else get(b) for b in parts])
+        extras = {k: cat(lambda b, k=k: b.extras[k]) for k in parts[0].extras}
+        return Batch(input_ids=cat(lambda b: b.input_ids, pad_id), attention_mask=cat(lambda b: b.attention_mask),
+                     mask=cat(lambda b: b.mask), prompt_len=p, group_index=cat(lambda b: b.group_index),
+                     weight_version=cat(lambda b: b.weight_version), rollout_logprobs=cat(lambda b: b.rollout_logprobs),
+                     scores=None if parts[0].scores is None else cat(lambda b: b.scores), extras=extras)
+
 
 def build_batch(prompts: list[list[int]], responses: list[list[int]], logprobs: list[list[float]],
                 group_index: list[int], versions: list[int], pad_id: int) -> Batch:

@@ -29,7 +29,7 @@ def check_plan(graph: Graph) -> None:
             raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime runs a reward model data "
                             "parallel only (one scorer per device)")
     if graph.streams:
-        raise RpegError("the plan streams micro-batches between stages; the runtime hands whole batches over")
+        _check_streams(graph)
     if graph.reference_on_host:
         raise RpegError("the plan keeps the reference's weights on the host and swaps them in (NeMo-RL's way); the "
                         "runtime holds the reference model on its devices")
@@ -60,6 +60,30 @@ def check_plan(graph: Graph) -> None:
                             f"its FSDP2 shard: generation and training must share one group with data parallelism "
                             f"only (generate {gen.layout.describe()}, actor_update {train.layout.describe()} on "
                             f"{train.group!r}); give generation its own devices for tensor parallelism")
+
+
+def _check_streams(graph: Graph) -> None:
+    """Streaming as the runtime runs it: the step's prompt groups in M parts from generation on."""
+    from rpeg.runtime.roles import step_stages
+
+    names = step_stages(graph)
+    counts = sorted({s.microbatches for s in graph.streams})
+    if len(counts) > 1:
+        raise RpegError(f"the plan streams in {counts} micro-batches on different edges; the runtime cuts a step "
+                        "into one number of parts, from generation on")
+    if not any(s.producer == names.generate for s in graph.streams):
+        raise RpegError("the plan streams between stages after generation only; the runtime's streams start at "
+                        "generation (its parts are prompt groups as the engines finish them)")
+    if names.greedy or names.group_filter:
+        raise RpegError("the plan streams with ReMax's greedy baseline or DAPO's group filter, which need the "
+                        "whole step's samples; the runtime streams neither")
+    if counts[0] > graph.job.prompts:
+        raise RpegError(f"the plan streams {counts[0]} micro-batches of whole prompt groups; the job has only "
+                        f"{graph.job.prompts} prompts")
+    into_training = {s.consumer for s in graph.streams} & {names.actor_update, names.critic_update}
+    if into_training and graph.job.ppo_epochs > 1:
+        raise RpegError(f"the plan streams into {', '.join(sorted(into_training))} with {graph.job.ppo_epochs} PPO "
+                        "epochs; the epochs after the first need the whole batch, and the runtime streams one epoch")
 
 
 def runnable_plan(graph: Graph, cluster: Cluster, gpus: int) -> Candidate:

@@ -167,6 +167,15 @@ class Role:
 
 
 @dataclass
+class PendingUpdate:
+    """An update's futures: the fused actor-critic call's, or the actor's and a trained critic's."""
+
+    fused: list | None = None
+    actor: list | None = None
+    critic: list | None = None
+
+
+@dataclass
 class Engines:
     """The generation engines: `ranks[j]` are engine j's workers, one, or the `tp` ranks of a
     tensor-parallel engine (they all take the same prompts; the first one's result stands for them).
@@ -307,17 +316,25 @@ class Roles:
         or None). Fused by the plan on one worker, their optimizer steps alternate in one call (one
         span for both); otherwise both start at once: on their own devices they run concurrently,
         sharing one worker it runs them in turn."""
+        return self.finish_update(self.start_update(batch, *args, fused=fused))
+
+    def start_update(self, batch: Batch, *args, fused: bool = False) -> PendingUpdate:
+        """`update` started, not waited for (a streamed mini-batch's, while later ones are still scored)."""
         if fused and self.colocated and self.critic_trained:
-            outs, span = self.actor.call("train_fused", batch, *args)
+            return PendingUpdate(fused=self.actor.submit("train_fused", batch, *args))
+        return PendingUpdate(actor=self.actor.submit("train", batch, *args),
+                             critic=self.critic.submit("train", batch, *args) if self.critic_trained else None)
+
+    def finish_update(self, pending: PendingUpdate) -> tuple[tuple[dict, tuple], tuple[dict, tuple] | None]:
+        if pending.fused is not None:
+            outs, span = self.actor.wait(pending.fused)
             actor, critic = outs[0]
             return (actor, span), (critic, span)
-        pending = self.actor.submit("train", batch, *args)
-        critic = self.critic.submit("train", batch, *args) if self.critic_trained else None
-        outs, span = self.actor.wait(pending)
+        outs, span = self.actor.wait(pending.actor)
         actor = (outs[0], span)
-        if critic is None:
+        if pending.critic is None:
             return actor, None
-        outs, span = self.critic.wait(critic)
+        outs, span = self.critic.wait(pending.critic)
         return actor, (outs[0], span)
 
     def close(self) -> None:

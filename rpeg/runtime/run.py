@@ -161,6 +161,15 @@ class _Runner:
         self.reward_model = graph.stage(self.names.reward).model is not None
         fused_with = graph.fusion_group_of(self.names.actor_update) or ()
         self.fused_updates = self.names.critic_update is not None and self.names.critic_update in fused_with
+        # streaming: a step's prompt groups go through generation, scoring and inference in `chunks`
+        # parts; advantages per part where the plan streams into them, updates per mini-batch where it
+        # streams into training -- started early only when no pass on the trained weights is still to
+        # come this step (the old logprobs and values must see the weights the samples came from)
+        into = {s.consumer for s in graph.streams}
+        self.chunks = max((s.microbatches for s in graph.streams), default=1)
+        self.part_advantages = self.names.advantages in into
+        self.part_updates = bool(into & {self.names.actor_update, self.names.critic_update})
+        self.updates_early = self.fused and self.names.values is None and self.part_advantages
         self.roles = Roles.build(graph, rt, model_path, ray, _reward_path(rt) if self.reward_model else "",
                                  names=self.names)
         self.groups = {s.name: graph.group(s.group) for s in graph.stages if s.group}
@@ -174,32 +183,57 @@ class _Runner:
         return self.task.problems("train", count, seed=self.rt.seed * 1_000_003 + step)
 
     def _launch(self, step: int) -> Launched:
+        """Start a step's generation: its prompt groups in `chunks` parts (the plan's streamed
+        micro-batches; one part when nothing streams), each split over the engines."""
         problems = self._problems(step)
         n = self.job.samples_per_prompt
         ids = [self.tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
         prompts = [x for x in ids for _ in range(n)]
         params = SamplingParams(max_new_tokens=self.rt.max_new_tokens, temperature=self.rt.temperature)
-        item = Launched(problems, prompts, self.roles.engines.submit(prompts, params, self.rt.seed * 7919 + step * 31))
+        seed = self.rt.seed * 7919 + step * 31
+        item = Launched(problems, prompts, [self.roles.engines.submit([ids[i] for i in idx for _ in range(n)], params,
+                                                                      seed + 104_729 * c)
+                                            for c, idx in enumerate(_split(len(ids), self.chunks))])
         if self.names.greedy:  # ReMax: one greedy response per prompt, on the same engines and weights
             greedy = SamplingParams(max_new_tokens=self.rt.max_new_tokens, greedy=True)
             item.greedy_futures = self.roles.engines.submit(ids, greedy, 0)
         return item
 
     def _collect(self, item: Launched) -> Rollout:
-        """Wait for a step's generation and join the engines' results."""
-        outs = self.roles.engines.wait(item.futures)
+        """Wait for a step's whole generation and join the engines' results."""
+        outs = [o for part in item.futures for o in self.roles.engines.wait(part)]
         res = Rollout(item.prompts, [r for o in outs for r in o[0]], [lp for o in outs for lp in o[1]],
                       [o[2] for o in outs for _ in o[0]], joined(o[3] for o in outs))
         if item.greedy_futures is not None:
-            outs = self.roles.engines.wait(item.greedy_futures)
-            res.greedy = [r for o in outs for r in o[0]]
-            res.greedy_span = joined(o[3] for o in outs)
+            res.greedy, res.greedy_span = self._greedy(item)
         return res
 
-    def _record(self, stage: str, step: int, span, group_of: str | None = None) -> None:
+    def _greedy(self, item: Launched) -> tuple[list, tuple[float, float]]:
+        if item.done is not None:
+            return item.done.greedy, item.done.greedy_span
+        outs = self.roles.engines.wait(item.greedy_futures)
+        return [r for o in outs for r in o[0]], joined(o[3] for o in outs)
+
+    def _parts(self, item: Launched):
+        """A step's generation part by part as each is done: (part, its first sample, the part)."""
+        n = self.job.samples_per_prompt
+        first = 0
+        for c, idx in enumerate(_split(len(item.problems), self.chunks)):
+            rows = slice(first, first + len(idx) * n)
+            if item.done is not None:  # collected earlier (a checkpoint) or restored: cut as it was launched
+                d = item.done
+                part = Rollout(d.prompts[rows], d.responses[rows], d.logprobs[rows], d.versions[rows], d.span)
+            else:
+                outs = self.roles.engines.wait(item.futures[c])
+                part = Rollout(item.prompts[rows], [r for o in outs for r in o[0]], [lp for o in outs for lp in o[1]],
+                               [o[2] for o in outs for _ in o[0]], joined(o[3] for o in outs))
+            yield c, first, part
+            first = rows.stop
+
+    def _record(self, stage: str, step: int, span, group_of: str | None = None, microbatch: int = 0) -> None:
         """A measured record of `stage`, on the devices of `group_of` (default: its own)."""
         grp = self.groups.get(group_of or stage)
-        self.records.append(Record(unit=stage, kind=self.g.stage(stage).kind.value, step=step, microbatch=0,
+        self.records.append(Record(unit=stage, kind=self.g.stage(stage).kind.value, step=step, microbatch=microbatch,
                                    group=grp.name if grp else "host", devices=(grp.first, grp.count) if grp else (0, 0),
                                    start=span[0] - self.t0, end=span[1] - self.t0))
 
@@ -258,45 +292,73 @@ class _Runner:
         files = write_outputs(rt.out, metrics, timeline, acc_before, acc_after, summary)
         return RunResult(metrics, timeline, acc_before, acc_after, rt.out, files, about["warmup"])
 
-    def _score(self, step: int, problems: list, res: Rollout) -> tuple[dict, torch.Tensor | None, Batch | None]:
-        """Rewards for a step's samples (and ReMax's greedy responses), then the graph's group filter
-        (DAPO's dynamic sampling). Returns the step's sample metrics (over every sample drawn), the
-        greedy scores, and the batch to train on (None when the filter kept no group)."""
-        job, names = self.job, self.names
-        n = job.samples_per_prompt
-        self._record(names.generate, step, res.span)
-        texts = self.tok.batch_decode(res.responses, skip_special_tokens=True)
-        owners = [problems[i // n] for i in range(len(texts))]
-        scores, rule, span = self._rewards(owners, texts)
-        self._record(names.reward, step, span)
-        staleness = [step - v for v in res.versions]
-        m = {"step": step + 1, "reward": float(scores.mean()), "accuracy": float((rule >= 1.0).float().mean()),
-             "response_len": sum(map(len, res.responses)) / len(res.responses),
-             "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness)}
+    def _one_step(self, step: int, item: Launched) -> dict:
+        """One step as the plan's tasks: each generated part is scored, batched and run through the
+        inference stages (old logprobs, reference, values) as soon as it is done, while the engines
+        generate the next; advantages per part where the plan streams into them (else on the whole
+        batch); updates per mini-batch where it streams into training, started as soon as their
+        parts are ready and no pass of the step on the trained weights is still to come."""
+        names, n = self.names, self.job.samples_per_prompt
+        drawn: list[tuple[torch.Tensor, torch.Tensor, Rollout]] = []  # every sample's scores, for the metrics
+        parts: list[Batch] = []
+        updates: list = []
+        m: dict = {"step": step + 1}
+        for c, first, res in self._parts(item):
+            self._record(names.generate, step, res.span, microbatch=c)
+            texts = self.tok.batch_decode(res.responses, skip_special_tokens=True)
+            scores, rule, span = self._rewards([item.problems[(first + i) // n] for i in range(len(texts))], texts)
+            self._record(names.reward, step, span, microbatch=c)
+            drawn.append((scores, rule, res))
+            rows = list(range(len(scores)))
+            if names.group_filter:  # DAPO's dynamic sampling (a whole-batch stage: nothing streams into it)
+                t = time.time()
+                keep = filters.mixed_groups(scores, n, self.job.prompts)
+                rows = [g * n + j for g in keep for j in range(n)]
+                m["kept_groups"] = float(len(keep))
+                self._record(names.group_filter, step, (t, time.time()))
+                if not rows:  # every group's samples scored alike: nothing to learn from this part
+                    continue
+            batch = build_batch(*([x[i] for i in rows] for x in (res.prompts, res.responses, res.logprobs)),
+                                [first // n + i // n for i in range(len(rows))], [res.versions[i] for i in rows],
+                                self.tok.pad_token_id)
+            batch.scores = scores[rows]
+            self._infer(step, c, batch)
+            if self.part_advantages:
+                self._advantages(step, c, batch, None)
+            parts.append(batch)
+            if self.part_updates and self.updates_early:
+                updates += self._start_updates(step, parts, len(updates))
+        scores, rule = torch.cat([d[0] for d in drawn]), torch.cat([d[1] for d in drawn])
+        responses = [r for d in drawn for r in d[2].responses]
+        staleness = [step - v for d in drawn for v in d[2].versions]
+        m |= {"reward": float(scores.mean()), "accuracy": float((rule >= 1.0).float().mean()),
+              "response_len": sum(map(len, responses)) / len(responses),
+              "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness)}
         greedy_scores = None
-        if res.greedy is not None:
-            self._record(names.greedy, step, res.greedy_span)
-            greedy_texts = self.tok.batch_decode(res.greedy, skip_special_tokens=True)
-            greedy_scores, _, span = self._rewards(problems, greedy_texts)
+        if names.greedy:
+            greedy, span = self._greedy(item)
+            self._record(names.greedy, step, span)
+            greedy_scores, _, span = self._rewards(item.problems, self.tok.batch_decode(greedy, skip_special_tokens=True))
             self._record(names.greedy_reward, step, span)
             m["greedy_reward"] = float(greedy_scores.mean())
-        rows = list(range(len(scores)))
-        if names.group_filter:
-            t = time.time()
-            keep = filters.mixed_groups(scores, n, job.prompts)
-            rows = [g * n + j for g in keep for j in range(n)]
-            m["kept_groups"] = float(len(keep))
-            self._record(names.group_filter, step, (t, time.time()))
-            if not rows:  # every group's samples scored alike: nothing to learn from this step
-                return m | {"skipped": 1.0}, greedy_scores, None
-
-        def pick(xs: list) -> list:
-            return [xs[i] for i in rows]
-
-        batch = build_batch(pick(res.prompts), pick(res.responses), pick(res.logprobs),
-                            [i // n for i in range(len(rows))], pick(res.versions), self.tok.pad_token_id)
-        batch.scores = scores[rows]
-        return m, greedy_scores, batch
+        if not parts:
+            return m | {"skipped": 1.0}
+        batch = Batch.join(parts, self.tok.pad_token_id)
+        if not self.fused:
+            # how far the engine's logprobs are from the trainer's for the same tokens: ~1e-6 when both hold
+            # the same weights; larger when samples are stale (async) or the engines' numerics differ
+            gap = (batch.rollout_logprobs - batch.extras["old_logprobs"]) * batch.mask
+            m["logprob_gap_max"] = float(gap.abs().max())
+        if "ref_logprobs" in batch.extras:
+            # the policy's KL to the reference on the sampled tokens (k1, mean per token): what a KL penalty holds
+            diff = (batch.extras["old_logprobs"] - batch.extras["ref_logprobs"]) * batch.mask
+            m["kl_ref"] = float(diff.sum() / batch.mask.sum().clamp(min=1))
+        if not self.part_advantages:
+            self._advantages(step, 0, batch, greedy_scores)
+            if self.part_updates:  # the mini-batches read the advantages: the parts as rows of the joined batch
+                ends = torch.tensor([p.size for p in parts]).cumsum(0).tolist()
+                parts = [batch.select(torch.arange(e - p.size, e)) for p, e in zip(parts, ends)]
+        return m | self._train(step, batch, parts, updates)
 
     def _rewards(self, problems: list, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor, tuple[float, float]]:
         """(the scores trained on, the task rule's scores, the span): the rule's, or with a reward model
@@ -308,53 +370,73 @@ class _Runner:
         scores, span = self.roles.score([p.prompt + txt for p, txt in zip(problems, texts)])
         return scores, rule, span
 
-    def _one_step(self, step: int, item: Launched) -> dict:
-        rt, job, g, names, roles = self.rt, self.job, self.g, self.names, self.roles
-        res = item.done if item.done is not None else self._collect(item)
-        m, greedy_scores, batch = self._score(step, item.problems, res)
-        if batch is None:
-            return m
-        scores = batch.scores
+    def _infer(self, step: int, c: int, batch: Batch) -> None:
+        """The passes that read a part before its advantages: old logprobs (unless the engine's are
+        the old ones), reference logprobs, values; started together, each on its role's workers."""
+        roles, names = self.roles, self.names
         if self.fused:
             batch.extras["old_logprobs"] = batch.rollout_logprobs
-        else:
-            outs, span = roles.actor.call("logprobs", batch)
-            batch.extras["old_logprobs"] = torch.cat(outs)
-            self._record(names.actor_logprobs, step, span)
-            # how far the engine's logprobs are from the trainer's for the same tokens: ~1e-6 when both hold
-            # the same weights; larger when samples are stale (async) or the engines' numerics differ
-            gap = (batch.rollout_logprobs - batch.extras["old_logprobs"]) * batch.mask
-            m["logprob_gap_max"] = float(gap.abs().max())
+        calls = [(names.actor_logprobs, "old_logprobs", roles.actor)] if not self.fused else []
         if roles.reference is not None:
-            outs, span = roles.reference.call("logprobs", batch)
-            batch.extras["ref_logprobs"] = out = torch.cat(outs)
-            # the policy's KL to the reference on the sampled tokens (k1, mean per token): what a KL penalty holds
-            diff = (batch.extras["old_logprobs"] - out) * batch.mask
-            m["kl_ref"] = float(diff.sum() / batch.mask.sum().clamp(min=1))
-            self._record(names.ref_logprobs, step, span)
-        if roles.critic is not None:
-            outs, span = roles.critic.call("values", batch)
-            batch.extras["values"] = torch.cat(outs)
-            self._record(names.values, step, span)  # a critic's pass, or the actor's with a value head
+            calls.append((names.ref_logprobs, "ref_logprobs", roles.reference))
+        if roles.critic is not None:  # a critic's pass, or the actor's with a value head
+            calls.append((names.values, "values", roles.critic))
+        pending = [(stage, key, role, role.submit("values" if key == "values" else "logprobs", batch))
+                   for stage, key, role in calls]
+        for stage, key, role, futures in pending:
+            outs, span = role.wait(futures)
+            batch.extras[key] = torch.cat(outs)
+            self._record(stage, step, span, microbatch=c)
+
+    def _advantages(self, step: int, c: int, batch: Batch, greedy_scores: torch.Tensor | None) -> None:
         t = time.time()
-        cfg = g.config
+        cfg = self.g.config
         adv, returns = algos.compute_advantages(
-            cfg.adv_estimator, scores=scores, mask=batch.mask, group_index=batch.group_index,
+            cfg.adv_estimator, scores=batch.scores, mask=batch.mask, group_index=batch.group_index,
             values=batch.extras.get("values"), old_logprobs=batch.extras["old_logprobs"],
             ref_logprobs=batch.extras.get("ref_logprobs"), greedy_scores=greedy_scores, config=cfg)
         batch.extras["advantages"] = adv
         if returns is not None:
             batch.extras["returns"] = returns
-        self._record(names.advantages, step, (t, time.time()))
-        seed = rt.seed * 104729 + step
-        (train_metrics, span), critic = roles.update(batch, job.ppo_epochs, job.mini_batches, seed,
-                                                     fused=self.fused_updates)
-        self._record(names.actor_update, step, span)
-        if critic is not None:
-            critic_metrics, span = critic
-            self._record(names.critic_update, step, span)
-            train_metrics = train_metrics | {f"critic_{k}": v for k, v in critic_metrics.items()}
-        return m | {k: float(v) for k, v in train_metrics.items()}
+        self._record(self.names.advantages, step, (t, time.time()), microbatch=c)
+
+    def _minis(self) -> list[range]:
+        """The parts each streamed mini-batch trains on, in the order they are generated."""
+        per = self.chunks // self.job.mini_batches
+        return [range(b * per, (b + 1) * per) for b in range(self.job.mini_batches)]
+
+    def _start_updates(self, step: int, parts: list[Batch], started: int) -> list:
+        """Start every streamed mini-batch update whose parts are all ready, from the `started`-th on."""
+        out = []
+        for b, chunk in enumerate(self._minis()[started:], start=started):
+            if chunk.stop > len(parts):
+                break
+            mini = Batch.join([parts[i] for i in chunk], self.tok.pad_token_id)
+            out.append(self.roles.start_update(mini, 1, 1, self.rt.seed * 104729 + step * 131 + b,
+                                               fused=self.fused_updates))
+        return out
+
+    def _train(self, step: int, batch: Batch, parts: list[Batch], updates: list) -> dict:
+        """The step's updates: on the whole batch (PPO epochs x mini-batches, as the plan's job says), or
+        one per streamed mini-batch in generation order; their records and mean metrics."""
+        from rpeg.runtime.trainer import mean_metrics
+
+        names = self.names
+        if self.part_updates:
+            updates += self._start_updates(step, parts, len(updates))
+            done = [self.roles.finish_update(u) for u in updates]
+        else:
+            done = [self.roles.update(batch, self.job.ppo_epochs, self.job.mini_batches, self.rt.seed * 104729 + step,
+                                      fused=self.fused_updates)]
+        for b, (actor, critic) in enumerate(done):
+            self._record(names.actor_update, step, actor[1], microbatch=b)
+            if critic is not None:
+                self._record(names.critic_update, step, critic[1], microbatch=b)
+        metrics = mean_metrics(a[0] for a, _ in done) if len(done) > 1 else done[0][0][0]
+        if done[0][1] is not None:
+            critic = mean_metrics(c[0] for _, c in done) if len(done) > 1 else done[0][1][0]
+            metrics = metrics | {f"critic_{k}": v for k, v in critic.items()}
+        return {k: float(v) for k, v in metrics.items()}
 
     # ---- checkpoints -------------------------------------------------------------------------------------
     def _checkpoint(self, step: int, metrics: list, pending: dict, acc_before: float) -> None:
@@ -398,6 +480,10 @@ def _reward_path(rt: RuntimeConfig) -> str:
 
         return build_tiny_reward(os.path.join(rt.out, "tiny-reward"), seed=rt.seed)
     return rt.reward_model_path
+
+
+def _split(n: int, parts: int) -> list[torch.Tensor]:
+    return [c for c in torch.tensor_split(torch.arange(n), parts)]
 
 
 __all__ = ["RunResult", "run"]

@@ -13,7 +13,7 @@ import torch
 from rpeg.algorithms import Models, build_graph
 from rpeg.errors import RpegError
 from rpeg.graph import Job, LengthDistribution, get_model
-from rpeg.passes import bound_asynchrony, colocate, parallelize, place, stream
+from rpeg.passes import bound_asynchrony, colocate, parallelize, place
 from rpeg.runtime.config import RuntimeConfig
 from rpeg.runtime.run import run
 
@@ -165,9 +165,6 @@ def test_async_disaggregated_records_staleness(tmp_path):
 
 def test_plans_the_runtime_cannot_honour_are_refused(tmp_path):
     g = colocated_plan()
-    streamed = laid_out(stream(colocate(build_graph("grpo", job(), Models(actor=TINY)), 1), 2))
-    with pytest.raises(RpegError, match="streams"):
-        run(streamed, rt(tmp_path), progress=False)
     with pytest.raises(RpegError, match="reward model"):
         run(laid_out(colocate(build_graph("grpo", job(), Models(actor=TINY, reward=TINY)), 1)), rt(tmp_path),
             progress=False)
