@@ -48,12 +48,14 @@ def shapes(job, spec) -> dict:
     def ppo():
         return build_graph("ppo", job, tiny)
 
-    def split(g, train=None):
-        groups = {"gen": 1, "train": (train or {}).get("devices", 1)}
+    def split(g, train=None, gen=None):
+        groups = {"gen": (gen or {}).get("devices", 1), "train": (train or {}).get("devices", 1)}
         g = place(g, groups, {"generate": "gen"}, default="train")
         lay = {s.name: {"dp": 1} for s in g.stages}
         if train:
             lay.update({s.name: train["layout"] for s in g.stages if s.group == "train" and s.model})
+        if gen:
+            lay["generate"] = gen["layout"]
         return _laid_out(g, lay)
 
     return {
@@ -68,9 +70,11 @@ def shapes(job, spec) -> dict:
         "grpo, reward model": lambda: _laid_out(colocate(build_graph("grpo", job, Models(actor=spec, reward=spec),
                                                                      kl_coef=0.0), 1)),
         "streaming 4": lambda: _laid_out(stream(colocate(grpo(), 1), 4)),
+        "split, streaming 4": lambda: stream(split(grpo()), 4),
         "colocated on 2 devices": lambda: _laid_out(colocate(grpo(), 2), {s: {"dp": 2} for s in (
             "generate", "actor_logprobs", "actor_update")}),
         "pipeline parallel 2": lambda: split(bound_asynchrony(grpo(), 1), {"devices": 2, "layout": {"pp": 2}}),
+        "split, generation tp 2": lambda: split(bound_asynchrony(grpo(), 1), gen={"devices": 2, "layout": {"tp": 2}}),
     }
 
 

@@ -49,6 +49,7 @@ class RuntimeConfig:
     engine: Literal["hf", "vllm"] = "hf"  # rollout engine: transformers sampling loop, or vLLM's offline engine
     engine_memory: float = 0.4  # vllm: fraction of device memory for its weights and KV cache
     engine_kv_cache_mib: int = 0  # vllm: KV cache size in MiB instead (0: sized by engine_memory)
+    pp_schedule: Literal["1f1b", "gpipe"] = "1f1b"  # pipeline-parallel training's schedule (Megatron's is 1F1B)
     threads: int = 0  # torch threads per worker (0: the worker's CPU share)
     address: str = ""  # a Ray cluster to join ("" : RAY_ADDRESS, else a private local cluster)
     reward_model_path: str = ""  # a local sequence-classification folder, or `tiny`: for plans with a reward model
@@ -69,6 +70,8 @@ class RuntimeConfig:
             problems.append(f"warmup_target = {self.warmup_target} must be in [0, 1)")
         if self.warmup_target and not self.warmup_sft_steps:
             problems.append("warmup_target needs warmup_sft_steps > 0 (the warm-up's bound)")
+        if self.pp_schedule not in ("1f1b", "gpipe"):
+            problems.append(f"pp_schedule = {self.pp_schedule!r}: expected 1f1b or gpipe")
         if self.engine not in ("hf", "vllm"):
             problems.append(f"engine = {self.engine!r}: expected hf or vllm")
         if not 0 < self.engine_memory <= 1:

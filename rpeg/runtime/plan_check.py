@@ -21,10 +21,17 @@ def check_plan(graph: Graph) -> None:
         lay = s.layout
         if s.model and s.kind is not Kind.SYNC and lay is None:
             raise RpegError(f"stage {s.name!r} has no parallel layout")
-        if lay and (lay.pp > 1 or lay.cp > 1 or lay.ep > 1):
-            raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime runs data parallelism (FSDP2) "
-                            "and tensor parallelism (DTensor); pipeline, context and expert parallelism are planned, "
-                            "not executed")
+        if lay and (lay.cp > 1 or lay.ep > 1):
+            raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime runs data (FSDP2), tensor "
+                            "(DTensor) and pipeline parallelism; context and expert parallelism are planned, not "
+                            "executed")
+        if lay and lay.pp > 1 and not (s.model == "actor" and s.kind in (Kind.TRAIN, Kind.INFER)):
+            raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime runs pipeline parallelism for "
+                            "the policy's training and logprobs; pipelined generation, reference, critic and reward "
+                            "models are not run")
+        if lay and lay.pp > 1 and lay.pp_interleave > 1:
+            raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime runs one pipeline stage per "
+                            "rank (GPipe or 1F1B), not interleaved virtual stages")
         if s.kind is Kind.REWARD and s.model is not None and lay is not None and lay.devices != lay.dp:
             raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime runs a reward model data "
                             "parallel only (one scorer per device)")
@@ -49,13 +56,17 @@ def check_plan(graph: Graph) -> None:
     train = graph.stage("actor_update")
     fused = any(set(f) == {"generate", "actor_logprobs"} for f in graph.fusion)
     logprobs = graph.stage("actor_logprobs").layout
-    if not fused and (logprobs.dp, logprobs.tp) != (train.layout.dp, train.layout.tp):
-        raise RpegError(f"actor_logprobs runs on the training workers, so its dp and tp must match actor_update's "
-                        f"(dp {train.layout.dp}, tp {train.layout.tp}); it asks for {logprobs.describe()}")
+    if not fused and (logprobs.dp, logprobs.tp, logprobs.pp) != (train.layout.dp, train.layout.tp, train.layout.pp):
+        raise RpegError(f"actor_logprobs runs on the training workers, so its dp, tp and pp must match actor_update's "
+                        f"(dp {train.layout.dp}, tp {train.layout.tp}, pp {train.layout.pp}); it asks for "
+                        f"{logprobs.describe()}")
+    if train.layout.pp > 1 and "value" in graph.model("actor").heads:
+        raise RpegError("the plan trains a value head on the actor with pipeline parallelism; the runtime pipelines "
+                        "the policy's language-model head only")
     if graph.group(gen.group).overlaps(graph.group(train.group)):
         n = graph.group(train.group).count
         if graph.group(gen.group) != graph.group(train.group) or (gen.layout.dp, gen.layout.devices) != (n, n) \
-                or train.layout.tp != 1:
+                or train.layout.dp != n:
             raise RpegError(f"a colocated plan runs one process per device, each generating its share and training "
                             f"its FSDP2 shard: generation and training must share one group with data parallelism "
                             f"only (generate {gen.layout.describe()}, actor_update {train.layout.describe()} on "

@@ -131,8 +131,9 @@ class Placement:
 
 @dataclass
 class Role:
-    """One model role's workers. `tp` consecutive ranks hold one data shard (each gets the same
-    rows; the first one's result stands for them); `sharded=False`: one worker takes the batch."""
+    """One model role's workers. `tp` consecutive ranks hold one data shard (a shard's tensor- and
+    pipeline-parallel ranks: each gets the same rows; the first one's result stands for them);
+    `sharded=False`: one worker takes the batch."""
 
     ray: object
     workers: list
@@ -281,7 +282,7 @@ class Roles:
             elif shared_value:
                 critic = actor
             return cls(ray, True, Engines(ray, [[w] for w in cws]), actor, reference, critic, has_critic, cws, place)
-        ngen, gtp, ntrain, tp = gen.layout.dp, gen.layout.tp, train.layout.devices, train.layout.tp
+        ngen, gtp, ntrain, tp, pp = gen.layout.dp, gen.layout.tp, train.layout.devices, train.layout.tp, train.layout.pp
         threads = rt.threads or max(1, cores // (ngen * gtp + ntrain))
         ranks = []
         for j in range(ngen):  # engine j: its gtp consecutive devices, a process group of its own when gtp > 1
@@ -292,8 +293,9 @@ class Roles:
         master = meet(first(names.actor_update))
         trainers = [remote(W.TrainerWorker, first(names.actor_update) + r).remote(
             model_path, cfg, optim, lm=True, value=shared_value, rank=r, world=ntrain, master=master,
-            tp=tp, threads=threads, deterministic=rt.deterministic, seed=rt.seed) for r in range(ntrain)]
-        actor = Role(ray, trainers, model_ops, tp=tp)
+            tp=tp, pp=pp, pp_schedule=rt.pp_schedule, threads=threads, deterministic=rt.deterministic, seed=rt.seed)
+            for r in range(ntrain)]
+        actor = Role(ray, trainers, model_ops, tp=tp * pp)  # the pp x tp ranks of a data shard take the same rows
         reference = None
         if has_ref:
             ref = remote(W.InferenceWorker, first(names.ref_logprobs)).remote(model_path, threads, rt.temperature,

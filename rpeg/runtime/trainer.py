@@ -54,7 +54,8 @@ def tensor_parallel(model, mesh) -> None:
 
 def _decoder_layers(model) -> list[torch.nn.Module]:
     inner = getattr(model, "model", model)
-    return list(getattr(inner, "layers", []))
+    layers = getattr(inner, "layers", [])
+    return list(layers.values()) if isinstance(layers, torch.nn.ModuleDict) else list(layers)  # a pipeline stage's
 
 
 class Trainer:
@@ -62,24 +63,41 @@ class Trainer:
     policy loss; `value`: it trains a value head (the critic, or a value head on the actor)."""
 
     def __init__(self, model, config: AlgoConfig, optim: OptimConfig, *, lm: bool = True, value: bool = False,
-                 shard: bool = False, tp: int = 1, device: str | None = None, bf16: bool = False):
+                 shard: bool = False, tp: int = 1, pp: int = 1, pp_schedule: str = "1f1b", device: str | None = None,
+                 bf16: bool = False):
         """`device`: where the model computes (None: where it is, the CPU path); `bf16`: forward and
         backward in bf16 under autocast while the parameters, gradients and optimizer stay fp32 (the
-        master weights), as FSDP2's bf16 mixed precision does per shard."""
+        master weights), as FSDP2's bf16 mixed precision does per shard. `pp` > 1: this rank holds one
+        pipeline stage of the policy (`runtime.pipeline`), run with the `pp_schedule` schedule."""
         self.config, self.optim, self.lm, self.value = config, optim, lm, value
         self.device, self.bf16 = device, bf16
-        self.model = model if device is None else model.to(device)
+        self.pipe = None
+        if pp > 1 and (value or not lm):
+            from rpeg.errors import RpegError
+
+            raise RpegError("pipeline parallelism runs a policy's language-model head; a value head or critic with "
+                            "pp > 1 is not run")
+        model = model if device is None else model.to(device)
         self.head = ValueHead(model.config.hidden_size) if value else None
         if self.head is not None and device is not None:
             self.head = self.head.to(device)
-        if shard or tp > 1:
+        if shard or tp > 1 or pp > 1:
             from torch.distributed.device_mesh import init_device_mesh
 
             world = dist.get_world_size()
-            mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
+            dp = world // (tp * pp)
+            mesh = init_device_mesh("cpu", (dp, pp, tp) if pp > 1 else (dp, tp),
+                                    mesh_dim_names=("dp", "pp", "tp") if pp > 1 else ("dp", "tp"))
+            if pp > 1:
+                from rpeg.runtime.pipeline import Pipeline, Stage, cut, tie_groups
+
+                index = mesh["pp"].get_local_rank()
+                lo, hi = cut(model.config.num_hidden_layers, pp, index)
+                ties = tie_groups(mesh, 1) if getattr(model.config, "tie_word_embeddings", False) else {}
+                model = Stage(model, lo, hi, first=index == 0, last=index == pp - 1)
             if tp > 1:
                 tensor_parallel(model, mesh["tp"])
-            if world // tp > 1:
+            if dp > 1:
                 from torch.distributed.fsdp import fully_shard
 
                 for layer in _decoder_layers(model):
@@ -87,6 +105,10 @@ class Trainer:
                 fully_shard(model, mesh=mesh["dp"])
                 if self.head is not None:
                     fully_shard(self.head, mesh=mesh["dp"])
+            if pp > 1:
+                self.pipe = Pipeline(model, index, pp, mesh["pp"].get_group(), pp_schedule,
+                                     ties.get(dist.get_rank()))
+        self.model = model
         params = list(model.parameters()) + (list(self.head.parameters()) if self.head is not None else [])
         self.opt = torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay)
         warm = max(optim.warmup_steps, 0)
@@ -102,16 +124,23 @@ class Trainer:
         with autocast(self.device, self.bf16):
             out = self.model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids(),
                              output_hidden_states=need_values)
-        logp = None
-        if self.lm:
-            logits = out.logits[:, :-1].float() / self.optim.temperature
-            logp = torch.log_softmax(logits, -1).gather(-1, b.input_ids[:, 1:, None]).squeeze(-1)
+        logp = self._next_logprobs(out.logits, b.input_ids[:, 1:]) if self.lm else None
         values = self.head(out.hidden_states[-1][:, :-1]) if need_values else None
         return logp, values
+
+    def _next_logprobs(self, logits: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
+        logits = logits[:, :-1].float() / self.optim.temperature
+        return torch.log_softmax(logits, -1).gather(-1, next_ids[..., None]).squeeze(-1)
 
     @torch.no_grad()
     def _per_token(self, b: Batch, values: bool) -> torch.Tensor:
         """Logprobs (values=False) or values of every next token, micro-batch by micro-batch."""
+        if self.pipe is not None:  # the pipeline's forward schedule; the last stage's logprobs on every stage
+            b = self._on_device(b)
+            logits = self.pipe.run(b.input_ids, b.attention_mask,
+                                   self.pipe.micro_batches(b.size, self.optim.micro_batch, train=False))
+            logp = None if logits is None else (self._next_logprobs(logits, b.input_ids[:, 1:]) * b.mask).cpu()
+            return self.pipe.from_last(logp)
         outs = []
         for idx in _chunks(b.size, self.optim.micro_batch):
             mb = self._on_device(b.select(idx))
@@ -144,6 +173,8 @@ class Trainer:
                 yield self._step(b.select(chunk))
 
     def _step(self, mini: Batch) -> dict[str, float]:
+        if self.pipe is not None:
+            return self._pipeline_step(mini)
         self.opt.zero_grad(set_to_none=True)
         tokens = float(mini.mask.sum().clamp(min=1.0))
         metrics: dict[str, float] = {}
@@ -171,33 +202,102 @@ class Trainer:
         metrics["lr"] = self.sched.get_last_lr()[0]
         return metrics
 
+    def _pipeline_step(self, mini: Batch) -> dict[str, float]:
+        """One optimizer step through the pipeline: the schedule runs forward and backward over equal
+        micro-batches; the last stage computes each micro-batch's policy loss (weighted by its share of
+        the mini-batch, as `_step` does) from the per-token fields packed into the schedule's target."""
+        self.opt.zero_grad(set_to_none=True)
+        mini = self._on_device(mini)
+        tokens = float(mini.mask.sum().clamp(min=1.0))
+        ref = mini.extras.get("ref_logprobs")
+        fields = [mini.input_ids[:, 1:].float(), mini.extras["old_logprobs"], mini.extras["advantages"], mini.mask]
+        target = torch.stack(fields + ([ref] if ref is not None else []), -1)  # token ids < 2**24: exact as floats
+        metrics: dict[str, float] = {}
+
+        def loss_fn(logits: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            mask = t[..., 3]
+            share = float(mask.sum()) / tokens if self.config.loss_agg == "token-mean" else t.shape[0] / mini.size
+            logp = self._next_logprobs(logits, t[..., 0].long())
+            pl, m = algos.policy_loss(logp, t[..., 1], t[..., 2], mask, self.config,
+                                      ref_logprobs=t[..., 4] if ref is not None else None)
+            calls.append((m, share))
+            return pl * share
+
+        calls: list[tuple[dict, float]] = []
+        n = self.pipe.micro_batches(mini.size, self.optim.micro_batch, train=True)
+        with autocast(self.device, self.bf16):
+            self.pipe.run(mini.input_ids, mini.attention_mask, n, loss_fn, target)
+        # the schedule's set-up first calls the loss once on placeholder outputs (to learn the gradients'
+        # shapes); the micro-batches' own calls are the last n
+        for m, share in calls[-n:]:
+            _accumulate(metrics, m, share)
+        self.pipe.tie_gradients()
+        params = [p for g in self.opt.param_groups for p in g["params"]]
+        grads = [p.grad for p in self.pipe.counted(params) if p.grad is not None]
+        sq = sum(((g.full_tensor() if hasattr(g, "full_tensor") else g).float().pow(2).sum() for g in grads),
+                 torch.zeros(()))
+        norm = float(self.pipe.total(sq).sqrt())
+        coef = min(1.0, self.optim.grad_clip / (norm + 1e-6))
+        if coef < 1.0:
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(coef)
+        self.opt.step()
+        self.sched.step()
+        self.updates += 1
+        metrics = self.pipe.from_last(metrics)
+        metrics["grad_norm"] = norm
+        metrics["lr"] = self.sched.get_last_lr()[0]
+        return metrics
+
     # ---- state -------------------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's full weights (gathered from the shards), for weight sync and checkpoints."""
         sd = self.model.state_dict()
-        return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu().clone() for k, v in sd.items()}
+        full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu().clone() for k, v in sd.items()}
+        if self.pipe is not None:  # every stage's part: the stages keep the full model's names
+            return {k: v for part in self.pipe.gathered(full) for k, v in part.items()}
+        return full
 
     def checkpoint_state(self) -> dict:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        # cpu_offload keeps the gathered state on global rank 0 only; a pipeline's other stages need their own
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=self.pipe is None)
         modules = [self.model] + ([self.head] if self.head is not None else [])
-        return {"model": get_model_state_dict(self.model, options=opts),
-                "head": None if self.head is None else get_model_state_dict(self.head, options=opts),
-                "optimizer": get_optimizer_state_dict(_Joint(modules), self.opt, options=opts),
-                "scheduler": self.sched.state_dict(), "updates": self.updates}
+        model = get_model_state_dict(self.model, options=opts)
+        optimizer = get_optimizer_state_dict(_Joint(modules), self.opt, options=opts)
+        if self.pipe is not None:  # the full weights, and each stage's optimizer state (restored by the same layout)
+            from torch.utils._pytree import tree_map
+
+            def cpu(tree):
+                return tree_map(lambda x: x.detach().cpu() if isinstance(x, torch.Tensor) else x, tree)
+            model = {k: v for part in self.pipe.gathered(cpu(model)) for k, v in part.items()}
+            optimizer = {"stages": self.pipe.gathered(cpu(optimizer))}
+        return {"model": model, "head": None if self.head is None else get_model_state_dict(self.head, options=opts),
+                "optimizer": optimizer, "scheduler": self.sched.state_dict(), "updates": self.updates}
 
     def load_checkpoint_state(self, state: dict) -> None:
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                              set_optimizer_state_dict)
 
         opts = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(self.model, state["model"], options=opts)
+        model, optimizer = state["model"], state["optimizer"]
+        if self.pipe is not None:
+            from rpeg.errors import RpegError
+
+            own = set(self.model.state_dict())
+            stages = optimizer.get("stages") if isinstance(optimizer, dict) else None
+            if stages is None or len(stages) != self.pipe.stages:
+                raise RpegError(f"the checkpoint was written by another pipeline layout than this one's "
+                                f"{self.pipe.stages} stages: resume with the plan that wrote it")
+            model, optimizer = {k: v for k, v in model.items() if k in own}, stages[self.pipe.index]
+        set_model_state_dict(self.model, model, options=opts)
         if self.head is not None and state.get("head") is not None:
             set_model_state_dict(self.head, state["head"], options=opts)
         modules = [self.model] + ([self.head] if self.head is not None else [])
-        set_optimizer_state_dict(_Joint(modules), self.opt, state["optimizer"], options=opts)
+        set_optimizer_state_dict(_Joint(modules), self.opt, optimizer, options=opts)
         self.sched.load_state_dict(state["scheduler"])
         self.updates = state["updates"]
 

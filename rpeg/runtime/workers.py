@@ -108,18 +108,20 @@ class RolloutWorker(_Where):
 
 
 class TrainerWorker(_Where):
-    """One rank of a training group: FSDP2 over its `world / tp` data-parallel ranks and DTensor tensor
-    parallelism over `tp` consecutive ranks (gloo on CPU)."""
+    """One rank of a training group: FSDP2 over its `world / (pp tp)` data-parallel ranks, `pp`
+    pipeline stages, and DTensor tensor parallelism over `tp` consecutive ranks (gloo on CPU)."""
 
     def __init__(self, model_path: str, config: AlgoConfig, optim: OptimConfig, *, lm: bool, value: bool, rank: int,
-                 world: int, master: str, tp: int = 1, threads: int = 0, deterministic: bool = True, seed: int = 0):
+                 world: int, master: str, tp: int = 1, pp: int = 1, pp_schedule: str = "1f1b", threads: int = 0,
+                 deterministic: bool = True, seed: int = 0):
         _threads(threads)
         _deterministic(deterministic)
         if world > 1:
             _join_group(rank, world, master)
         torch.manual_seed(seed)
         model, _ = _load(model_path)
-        self.trainer = Trainer(model, config, optim, lm=lm, value=value, shard=world > tp, tp=tp)
+        self.trainer = Trainer(model, config, optim, lm=lm, value=value, shard=world > tp * pp, tp=tp, pp=pp,
+                               pp_schedule=pp_schedule)
         self.rank = rank
 
     def logprobs(self, batch: Batch):

@@ -245,6 +245,25 @@ def test_tensor_parallel_generation_engine(tmp_path):
     assert all(r.devices == (0, 2) for r in result.timeline.records if r.unit == "generate")
 
 
+def test_pipeline_parallel_training_group(tmp_path):
+    """Generation on one device; the policy's logprobs and training over two pipeline stages (1F1B):
+    the engine's logprobs of its samples are the trainer's after every sync (the full weights are
+    the union of the stages'), and a resumed pipeline run continues from its checkpoint."""
+    g = build_graph("grpo", job(), Models(actor=TINY), kl_coef=0.0)
+    g = place(g, {"gen": 1, "train": 2}, {"generate": "gen"}, default="train")
+    g = parallelize(g, "generate", dp=1)
+    for name in ("actor_logprobs", "actor_update"):
+        g = parallelize(g, name, dp=1, pp=2)
+    result = run(g, rt(tmp_path, steps=2, micro_batch=8), progress=False)
+    assert all(m["logprob_gap_max"] < 1e-4 for m in result.metrics), [m["logprob_gap_max"] for m in result.metrics]
+    assert any(m["grad_norm"] > 0 for m in result.metrics)
+    assert all(r.devices == (1, 2) for r in result.timeline.records if r.unit == "actor_update")
+    more = run(g, rt(tmp_path, steps=3, micro_batch=8), resume=True, progress=False)
+    assert [m["step"] for m in more.metrics] == [1, 2, 3]
+    gpipe = run(g, rt(tmp_path / "g", steps=1, micro_batch=8, pp_schedule="gpipe"), progress=False)
+    assert gpipe.metrics[0]["logprob_gap_max"] < 1e-4
+
+
 def test_vllm_engine_without_vllm_is_refused_before_anything_starts(tmp_path):
     from rpeg.runtime.vllm_engine import available
 
