@@ -4,7 +4,8 @@ measured step time side by side, and the measured speedup over the synchronous c
 The job is the demo's (examples/demo-grpo-tiny.yaml: GRPO on the tiny model; PPO shapes use the
 same job with a critic). Each shape is built with the passes, predicted on `cpu-local` sized to
 its devices (measured as that many devices sharing the cores: this benchmark runs
-`rpeg calibrate --devices D` first for every D it needs and has no file for), run for
+`rpeg calibrate --devices D` first for every D it needs, in the same run, so every count is
+measured under the same load; `--reuse-calibration` keeps files that exist), run for
 `--warmup` + `--steps` steps, and its step time taken as the median of the steps after the
 warm-up. Shapes the runtime refuses are listed with its reason. Prints JSON, including Kendall's
 tau between the predicted and the measured order of the shapes.
@@ -71,8 +72,8 @@ def shapes(job, spec) -> dict:
                                                                      kl_coef=0.0), 1)),
         "streaming 4": lambda: _laid_out(stream(colocate(grpo(), 1), 4)),
         "split, streaming 4": lambda: stream(split(grpo()), 4),
-        "colocated on 2 devices": lambda: _laid_out(colocate(grpo(), 2), {s: {"dp": 2} for s in (
-            "generate", "actor_logprobs", "actor_update")}),
+        "colocated on 2 devices": lambda: _laid_out(colocate(grpo(), 2), {
+            "generate": {"dp": 2}, "actor_logprobs": {"dp": 2}, "actor_update": {"dp": 2, "zero": 3}}),
         "pipeline parallel 2": lambda: split(bound_asynchrony(grpo(), 1), {"devices": 2, "layout": {"pp": 2}}),
         "split, generation tp 2": lambda: split(bound_asynchrony(grpo(), 1), gen={"devices": 2, "layout": {"tp": 2}}),
     }
@@ -96,6 +97,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--only", nargs="*", help="run only these shapes (names as printed)")
+    ap.add_argument("--reuse-calibration", action="store_true",
+                    help="keep cpu-local files that exist instead of measuring every device count in this run")
     args = ap.parse_args(argv)
 
     from rpeg.hardware import load_cluster
@@ -109,22 +112,25 @@ def main(argv: list[str] | None = None) -> dict:
     base_rt = from_data(RuntimeConfig, spec.runtime, "runtime").replace(
         steps=args.warmup + args.steps, warmup_sft_steps=0, warmup_target=0.0, eval_every=0, eval_size=20, checkpoint_every=0,
         threads=0, reward_model_path="tiny")  # the reward-model shape scores with a tiny random one
-    rows, refused = [], []
+    rows, refused, plans = [], [], {}
     for name, build in shapes(job, spec.models.actor).items():
         if args.only and name not in args.only:
             continue
         try:
             g = build()
             check_plan(g)
+            plans[name] = g
         except RpegError as e:
             refused.append({"shape": name, "refused": str(e)})
+    # every device count is measured in this run, side by side with the steps it predicts (a file left by
+    # an earlier, differently loaded run would skew one count against another)
+    for need in sorted({1} | {devices(g) for g in plans.values()}):
+        if args.reuse_calibration and cpu_local_path(need).is_file():
             continue
+        print(f"measuring cpu-local as {need} device(s): rpeg calibrate --devices {need}", file=sys.stderr, flush=True)
+        calibrate(devices=need)
+    for name, g in plans.items():
         d = devices(g)
-        for need in {1, d}:
-            if not cpu_local_path(need).is_file():
-                print(f"measuring cpu-local as {need} device(s): rpeg calibrate --devices {need}", file=sys.stderr,
-                      flush=True)
-                calibrate(devices=need)
         predicted = predict_step(g, load_cluster("cpu-local", d)).step_s
         out = tempfile.mkdtemp(prefix="rpeg-shapes-")
         result = run(g, base_rt.replace(out=out), progress=False)

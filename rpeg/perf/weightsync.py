@@ -46,7 +46,14 @@ def weight_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: Par
         gather_s = all_gather_s(cluster, shard, Group(min(mp, cluster.gpus_per_node), 1))
         if mp > cluster.gpus_per_node:  # pipeline stages on other nodes
             gather_s += all_gather_s(cluster, shard, Group(mp // cluster.gpus_per_node, cluster.gpus_per_node))
-        parts = (("gather shards", gather_s), ("copy into engine", copy_s))
+        parts = (("gather shards", gather_s),)
+        if train.zero >= 3 and train.dp > 1:
+            # ZeRO-3 / FSDP: each device holds 1/dp of its model-parallel shard, so the engine's weights
+            # are first all-gathered over data parallelism (verl's FSDP sharding manager takes the
+            # full state dict; Megatron's distributed optimizer keeps the weights whole per rank)
+            parts += (("gather over data parallelism", all_gather_s(cluster, total / mp,
+                                                                    Group(train.dp, train.tp * train.cp))),)
+        parts += (("copy into engine", copy_s),)
     elif gather == "full":
         # the trainers gather every tensor in full, then one rank broadcasts the whole model to every
         # generation device (NeMo-RL's packed_broadcast_producer(src=0), OpenRLHF's rank-0 broadcast

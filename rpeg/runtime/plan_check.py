@@ -32,6 +32,9 @@ def check_plan(graph: Graph) -> None:
         if lay and lay.pp > 1 and lay.pp_interleave > 1:
             raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime runs one pipeline stage per "
                             "rank (GPipe or 1F1B), not interleaved virtual stages")
+        if lay and s.kind is Kind.TRAIN and lay.dp > 1 and lay.zero < 3:
+            raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime shards data-parallel training "
+                            "with FSDP2, which is ZeRO-3 (zero = 3); plain or ZeRO-1/2 data parallelism is not run")
         if s.kind is Kind.REWARD and s.model is not None and lay is not None and lay.devices != lay.dp:
             raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime runs a reward model data "
                             "parallel only (one scorer per device)")

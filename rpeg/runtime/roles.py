@@ -24,6 +24,7 @@ from rpeg.graph import Graph, Kind
 from rpeg.runtime.batch import Batch
 from rpeg.runtime.config import RuntimeConfig
 from rpeg.runtime.trainer import OptimConfig
+from rpeg.runtime.workers import Timed
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,9 +156,9 @@ class Role:
                 for r, w in enumerate(self.workers)]
 
     def wait(self, futures: list) -> tuple[list, tuple[float, float]]:
-        outs = self.ray.get(futures)
+        outs = self.ray.get(futures)  # each rank's workers.Timed
         tp = self.tp if self.sharded else 1
-        return [o for r, (o, _) in enumerate(outs) if r % tp == 0], joined([s for _, s in outs])
+        return [o.value for r, o in enumerate(outs) if r % tp == 0], joined(o.span for o in outs)
 
     def collective(self, op: str):
         """A call every rank takes part in (gathering sharded weights); rank 0's result."""
@@ -165,6 +166,14 @@ class Role:
 
     def each(self, op: str, *args) -> list:
         return self.ray.get([getattr(w, self.methods[op]).remote(*args) for w in self.workers])
+
+
+@dataclass(frozen=True, slots=True)
+class Updated:
+    """A step's (or mini-batch's) update: the actor's metrics and span, and a trained critic's."""
+
+    actor: Timed
+    critic: Timed | None = None
 
 
 @dataclass
@@ -192,7 +201,7 @@ class Engines:
                 for j, (ranks, idx) in enumerate(zip(self.ranks, shards))]
 
     def wait(self, pending: list[list]) -> list:
-        """Each engine's (responses, logprobs, weight version, span), in order."""
+        """Each engine's workers.Generated, in order."""
         return [self.ray.get(futures)[0] for futures in pending]
 
     def one(self, prompts: list, params, seed: int):
@@ -223,7 +232,7 @@ class Roles:
         """The reward model's score of each text, the texts split over its scorers."""
         shards = _split(len(texts), len(self.scorers))
         outs = self.ray.get([w.score.remote([texts[i] for i in idx]) for w, idx in zip(self.scorers, shards)])
-        return torch.cat([o for o, _ in outs]), joined([s for _, s in outs])
+        return torch.cat([o.value for o in outs]), joined(o.span for o in outs)
 
     @classmethod
     def build(cls, graph: Graph, rt: RuntimeConfig, model_path: str, ray, reward_path: str = "",
@@ -313,11 +322,10 @@ class Roles:
             (critic.workers if critic is not None and critic is not actor else [])
         return cls(ray, False, Engines(ray, ranks), actor, reference, critic, has_critic, everyone, place)
 
-    def update(self, batch: Batch, *args, fused: bool = False) -> tuple[tuple[dict, tuple], tuple[dict, tuple] | None]:
-        """The actor's update and a trained critic's: ((actor metrics, span), (critic metrics, span)
-        or None). Fused by the plan on one worker, their optimizer steps alternate in one call (one
-        span for both); otherwise both start at once: on their own devices they run concurrently,
-        sharing one worker it runs them in turn."""
+    def update(self, batch: Batch, *args, fused: bool = False) -> Updated:
+        """The actor's update and a trained critic's. Fused by the plan on one worker, their optimizer
+        steps alternate in one call (one span for both); otherwise both start at once: on their own
+        devices they run concurrently, sharing one worker it runs them in turn."""
         return self.finish_update(self.start_update(batch, *args, fused=fused))
 
     def start_update(self, batch: Batch, *args, fused: bool = False) -> PendingUpdate:
@@ -327,17 +335,16 @@ class Roles:
         return PendingUpdate(actor=self.actor.submit("train", batch, *args),
                              critic=self.critic.submit("train", batch, *args) if self.critic_trained else None)
 
-    def finish_update(self, pending: PendingUpdate) -> tuple[tuple[dict, tuple], tuple[dict, tuple] | None]:
+    def finish_update(self, pending: PendingUpdate) -> Updated:
         if pending.fused is not None:
             outs, span = self.actor.wait(pending.fused)
             actor, critic = outs[0]
-            return (actor, span), (critic, span)
+            return Updated(Timed(actor, span), Timed(critic, span))
         outs, span = self.actor.wait(pending.actor)
-        actor = (outs[0], span)
         if pending.critic is None:
-            return actor, None
-        outs, span = self.critic.wait(pending.critic)
-        return actor, (outs[0], span)
+            return Updated(Timed(outs[0], span))
+        critic, cspan = self.critic.wait(pending.critic)
+        return Updated(Timed(outs[0], span), Timed(critic[0], cspan))
 
     def close(self) -> None:
         """Give the devices back (a private cluster goes away anyway; a user's keeps running)."""

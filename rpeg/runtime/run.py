@@ -201,9 +201,7 @@ class _Runner:
 
     def _collect(self, item: Launched) -> Rollout:
         """Wait for a step's whole generation and join the engines' results."""
-        outs = [o for part in item.futures for o in self.roles.engines.wait(part)]
-        res = Rollout(item.prompts, [r for o in outs for r in o[0]], [lp for o in outs for lp in o[1]],
-                      [o[2] for o in outs for _ in o[0]], joined(o[3] for o in outs))
+        res = _joined(item.prompts, [o for part in item.futures for o in self.roles.engines.wait(part)])
         if item.greedy_futures is not None:
             res.greedy, res.greedy_span = self._greedy(item)
         return res
@@ -212,7 +210,7 @@ class _Runner:
         if item.done is not None:
             return item.done.greedy, item.done.greedy_span
         outs = self.roles.engines.wait(item.greedy_futures)
-        return [r for o in outs for r in o[0]], joined(o[3] for o in outs)
+        return [r for o in outs for r in o.responses], joined(o.span for o in outs)
 
     def _parts(self, item: Launched):
         """A step's generation part by part as each is done: (part, its first sample, the part)."""
@@ -224,9 +222,7 @@ class _Runner:
                 d = item.done
                 part = Rollout(d.prompts[rows], d.responses[rows], d.logprobs[rows], d.versions[rows], d.span)
             else:
-                outs = self.roles.engines.wait(item.futures[c])
-                part = Rollout(item.prompts[rows], [r for o in outs for r in o[0]], [lp for o in outs for lp in o[1]],
-                               [o[2] for o in outs for _ in o[0]], joined(o[3] for o in outs))
+                part = _joined(item.prompts[rows], self.roles.engines.wait(item.futures[c]))
             yield c, first, part
             first = rows.stop
 
@@ -249,7 +245,7 @@ class _Runner:
         for name, params in (("sampled", SamplingParams(max_new_tokens=self.rt.max_new_tokens,
                                                         temperature=self.rt.temperature)),
                              ("greedy", SamplingParams(max_new_tokens=self.rt.max_new_tokens, greedy=True))):
-            resp, _, _, _ = self.roles.engines.one(prompts, params, self.rt.seed + 4242)
+            resp = self.roles.engines.one(prompts, params, self.rt.seed + 4242).responses
             out[name] = self.task.accuracy(problems, self.tok.batch_decode(resp, skip_special_tokens=True))
         return out
 
@@ -428,14 +424,13 @@ class _Runner:
         else:
             done = [self.roles.update(batch, self.job.ppo_epochs, self.job.mini_batches, self.rt.seed * 104729 + step,
                                       fused=self.fused_updates)]
-        for b, (actor, critic) in enumerate(done):
-            self._record(names.actor_update, step, actor[1], microbatch=b)
-            if critic is not None:
-                self._record(names.critic_update, step, critic[1], microbatch=b)
-        metrics = mean_metrics(a[0] for a, _ in done) if len(done) > 1 else done[0][0][0]
-        if done[0][1] is not None:
-            critic = mean_metrics(c[0] for _, c in done) if len(done) > 1 else done[0][1][0]
-            metrics = metrics | {f"critic_{k}": v for k, v in critic.items()}
+        for b, up in enumerate(done):
+            self._record(names.actor_update, step, up.actor.span, microbatch=b)
+            if up.critic is not None:
+                self._record(names.critic_update, step, up.critic.span, microbatch=b)
+        metrics = mean_metrics(up.actor.value for up in done)
+        if done[0].critic is not None:
+            metrics |= {f"critic_{k}": v for k, v in mean_metrics(up.critic.value for up in done).items()}
         return {k: float(v) for k, v in metrics.items()}
 
     # ---- checkpoints -------------------------------------------------------------------------------------
@@ -480,6 +475,12 @@ def _reward_path(rt: RuntimeConfig) -> str:
 
         return build_tiny_reward(os.path.join(rt.out, "tiny-reward"), seed=rt.seed)
     return rt.reward_model_path
+
+
+def _joined(prompts: list, outs: list) -> Rollout:
+    """The engines' results (workers.Generated, in order) for `prompts`, as one Rollout."""
+    return Rollout(prompts, [r for o in outs for r in o.responses], [lp for o in outs for lp in o.logprobs],
+                   [o.version for o in outs for _ in o.responses], joined(o.span for o in outs))
 
 
 def _split(n: int, parts: int) -> list[torch.Tensor]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -71,10 +73,28 @@ def _engine(kind: str, model, tok, model_path: str, *, seed: int, threads: int, 
     return HFEngine(model, tok.eos_token_id, tok.pad_token_id)
 
 
-def _timed(fn, *args, **kwargs):
+@dataclass(frozen=True, slots=True)
+class Timed:
+    """A worker's result and the wall-clock (start, end) it took: what the driver records."""
+
+    value: Any
+    span: tuple[float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Generated:
+    """An engine's responses to its prompts: token ids, their logprobs, the weight version, the span."""
+
+    responses: list[list[int]]
+    logprobs: list[list[float]]
+    version: int
+    span: tuple[float, float]
+
+
+def _timed(fn, *args, **kwargs) -> Timed:
     t0 = time.time()
     out = fn(*args, **kwargs)
-    return out, (t0, time.time())
+    return Timed(out, (t0, time.time()))
 
 
 class RolloutWorker(_Where):
@@ -99,12 +119,11 @@ class RolloutWorker(_Where):
                               kv_mib=engine_kv_cache_mib, tp=tp > 1)
 
     def generate(self, prompts, params: SamplingParams, seed: int):
-        (resp, lps), span = _timed(self.engine.generate, prompts, params, seed)
-        return resp, lps, self.engine.version, span
+        out = _timed(self.engine.generate, prompts, params, seed)
+        return Generated(*out.value, self.engine.version, out.span)
 
     def load_weights(self, state_dict, version: int):
-        _, span = _timed(self.engine.load_weights, state_dict, version)
-        return span
+        return _timed(self.engine.load_weights, state_dict, version).span
 
 
 class TrainerWorker(_Where):
@@ -175,7 +194,7 @@ class RewardWorker(_Where):
         for i in range(0, len(texts), self.micro_batch):
             enc = self.tok(texts[i:i + self.micro_batch], return_tensors="pt", padding=True, add_special_tokens=False)
             out.append(self.model(**enc).logits[:, 0].float())
-        return torch.cat(out), (t, time.time())
+        return Timed(torch.cat(out), (t, time.time()))
 
 
 class ColocatedWorker(_Where):
@@ -209,8 +228,8 @@ class ColocatedWorker(_Where):
     def generate(self, prompts, params: SamplingParams, seed: int):
         if self.shares_model:
             self.engine.model.eval()
-        (resp, lps), span = _timed(self.engine.generate, prompts, params, seed)
-        return resp, lps, self.engine.version, span
+        out = _timed(self.engine.generate, prompts, params, seed)
+        return Generated(*out.value, self.engine.version, out.span)
 
     def load_weights(self, state_dict, version: int):
         """In-process: an `hf` engine sharing the trainer's model already holds its weights; an own
@@ -232,10 +251,10 @@ class ColocatedWorker(_Where):
         return _timed((self.critic or self.actor).values, batch)
 
     def train(self, batch: Batch, epochs: int, mini_batches: int, seed: int):
-        out, span = _timed(self.actor.train, batch, epochs, mini_batches, seed)
+        out = _timed(self.actor.train, batch, epochs, mini_batches, seed)
         if self.shares_model:
             self.engine.model.eval()
-        return out, span
+        return out
 
     def train_critic(self, batch: Batch, epochs: int, mini_batches: int, seed: int):
         return _timed(self.critic.train, batch, epochs, mini_batches, seed)
@@ -253,10 +272,10 @@ class ColocatedWorker(_Where):
                 critic.append(c)
             return mean_metrics(actor), mean_metrics(critic)
 
-        (actor, critic), span = _timed(both)
+        out = _timed(both)
         if self.shares_model:
             self.engine.model.eval()
-        return (actor, critic), span
+        return out
 
     def state_dict(self):
         return self.actor.full_state_dict()

@@ -146,3 +146,15 @@ def test_a_full_sync_to_separate_engines_comes_from_one_sender_and_hides_the_gat
                             colocated=False, separation=32, gather="full")
     assert more.part("broadcast to generation, one sender") == pytest.approx(
         full.part("broadcast to generation, one sender"), rel=0.05)  # more trainers do not send faster
+
+
+def test_a_colocated_sync_from_zero3_shards_gathers_over_data_parallelism_first():
+    """FSDP / ZeRO-3 keeps 1/dp of the weights per device, so even a shard-wise colocated sync must
+    all-gather over data parallelism (the hybrid engine's full state dict); ZeRO-1 keeps them whole."""
+    cluster = load_cluster("dgx-h100", 16)
+    spec = get_model("llama-3.1-8B")
+    z3 = weight_sync_cost("s", spec, Layout(dp=16, zero=3), Layout(dp=16), cluster, colocated=True, separation=0)
+    z1 = weight_sync_cost("s", spec, Layout(dp=16, zero=1), Layout(dp=16), cluster, colocated=True, separation=0)
+    assert z3.part("gather over data parallelism") > 0
+    assert "gather over data parallelism" not in dict(z1.parts)
+    assert z3.seconds > z1.seconds

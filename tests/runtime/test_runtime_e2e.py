@@ -210,7 +210,7 @@ def test_a_colocated_plan_on_two_devices_shards_training_and_splits_generation(t
     g = colocate(build_graph("grpo", job(), Models(actor=TINY), kl_coef=0.04), 2)
     for s in g.stages:
         if s.model and s.kind.value != "sync":
-            g = parallelize(g, s.name, dp=2)
+            g = parallelize(g, s.name, dp=2, **({"zero": 3} if s.kind.value == "train" else {}))
     result = run(g, rt(tmp_path, steps=3), progress=False)
     assert len(result.metrics) == 3 and all("kl_ref" in m for m in result.metrics)
     # after every sync the engines' logprobs of their samples are the sharded trainer's: each rank's
@@ -225,7 +225,7 @@ def test_a_colocated_plan_on_two_devices_shards_training_and_splits_generation(t
             assert len(roles.engines.ranks) == 2 and len(roles.actor.workers) == 2
             assert len({ray.get(w.where.remote())[1] for w in roles.actor.workers}) == 2  # two processes
             outs = roles.engines.wait(roles.engines.submit([[5, 6, 7]] * 6, SamplingParams(max_new_tokens=2), 0))
-            assert [len(o[0]) for o in outs] == [3, 3]  # each generated its share
+            assert [len(o.responses) for o in outs] == [3, 3]  # each generated its share
         finally:
             roles.close()
     finally:
