@@ -44,7 +44,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         cand = runnable_plan(graph, cluster, gpus)
         graph = cand.graph
         print(f"plan for {cluster.name} x {gpus}: {cand.name} (predicted {cand.step_s:.2f} s per step)")
-    result = run(graph, rt, resume=args.resume, progress=not args.no_progress)
+    try:  # the plan's cluster, sized to its devices: the summary sets the model's prediction beside the run
+        _, sized, _ = spec.cluster_and_gpus(default="cpu-local", gpus=max(g.first + g.count for g in graph.groups))
+    except RpegError:  # e.g. cpu-local as D devices, not calibrated yet: the summary goes without it
+        sized = None
+    result = run(graph, rt, resume=args.resume, progress=not args.no_progress, cluster=sized)
     last = result.metrics[-1] if result.metrics else {}
     b, a = result.accuracy_before, result.accuracy_after
     print(f"held-out accuracy after {len(result.metrics)} steps: sampled {b['sampled']:.3f} -> {a['sampled']:.3f}, "

@@ -49,6 +49,7 @@ class RuntimeConfig:
     engine: Literal["hf", "vllm"] = "hf"  # rollout engine: transformers sampling loop, or vLLM's offline engine
     engine_memory: float = 0.4  # vllm: fraction of device memory for its weights and KV cache
     engine_kv_cache_mib: int = 0  # vllm: KV cache size in MiB instead (0: sized by engine_memory)
+    device: Literal["cpu", "cuda"] = "cpu"  # cuda: a GPU per rank (Ray num_gpus), NCCL, bf16 with fp32 master weights
     pp_schedule: Literal["1f1b", "gpipe"] = "1f1b"  # pipeline-parallel training's schedule (Megatron's is 1F1B)
     threads: int = 0  # torch threads per worker (0: the worker's CPU share)
     address: str = ""  # a Ray cluster to join ("" : RAY_ADDRESS, else a private local cluster)
@@ -70,6 +71,8 @@ class RuntimeConfig:
             problems.append(f"warmup_target = {self.warmup_target} must be in [0, 1)")
         if self.warmup_target and not self.warmup_sft_steps:
             problems.append("warmup_target needs warmup_sft_steps > 0 (the warm-up's bound)")
+        if self.device not in ("cpu", "cuda"):
+            problems.append(f"device = {self.device!r}: expected cpu or cuda")
         if self.pp_schedule not in ("1f1b", "gpipe"):
             problems.append(f"pp_schedule = {self.pp_schedule!r}: expected 1f1b or gpipe")
         if self.engine not in ("hf", "vllm"):

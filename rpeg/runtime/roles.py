@@ -24,7 +24,7 @@ from rpeg.graph import Graph, Kind
 from rpeg.runtime.batch import Batch
 from rpeg.runtime.config import RuntimeConfig
 from rpeg.runtime.trainer import OptimConfig
-from rpeg.runtime.workers import Timed
+from rpeg.runtime.workers import Span, Timed
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +77,10 @@ def step_stages(graph: Graph) -> StepStages:
                       critic_update=name(train.get("critic")))
 
 
+# A worker on a GPU asks Ray for this share of its bundle's one GPU: enough for Ray to give it that
+# GPU (CUDA_VISIBLE_DEVICES), little enough that every role the plan puts on the device fits (a
+# colocated reference, a scorer beside a trainer): the plan decides what shares a device, not Ray.
+GPU_SHARE = 0.01
 PLACEMENT_TIMEOUT_S = 60.0  # waiting longer for a Ray cluster's free devices means it has too few
 
 
@@ -245,8 +249,10 @@ class Roles:
 
             grp, n = graph.group(reward.group), reward.layout.dp
             threads = rt.threads or max(1, (os.cpu_count() or 2) // max(1, len(roles.workers) + n))
-            roles.scorers = [ray.remote(num_cpus=0)(W.RewardWorker).options(**roles.placement.on(grp.first + d))
-                             .remote(reward_path, threads, rt.micro_batch) for d in range(n)]
+            gpus = GPU_SHARE if rt.device == "cuda" else 0
+            roles.scorers = [ray.remote(num_cpus=0, num_gpus=gpus)(W.RewardWorker).options(
+                **roles.placement.on(grp.first + d)).remote(reward_path, threads, rt.micro_batch, rt.device)
+                for d in range(n)]
         return roles
 
     @classmethod
@@ -261,10 +267,12 @@ class Roles:
         optim = OptimConfig(lr=rt.lr, warmup_steps=rt.warmup_steps, grad_clip=rt.grad_clip,
                             micro_batch=rt.micro_batch, temperature=rt.temperature)
         cores = os.cpu_count() or 2
-        place = Placement(ray, graph)
+        gpu = rt.device == "cuda"
+        place = Placement(ray, graph, {"CPU": 1, "GPU": 1} if gpu else None)
+        dev = {"device": rt.device}
 
         def remote(klass, device: int):  # on its plan device's bundle; threads are ours, not Ray's CPU count
-            return ray.remote(num_cpus=0)(klass).options(**place.on(device))
+            return ray.remote(num_cpus=0, num_gpus=GPU_SHARE if gpu else 0)(klass).options(**place.on(device))
 
         def first(stage: str) -> int:
             return graph.group(graph.stage(stage).group).first
@@ -281,7 +289,7 @@ class Roles:
                 model_path, cfg, optim, reference=has_ref, critic=has_critic, shared_value=shared_value,
                 threads=rt.threads or max(1, cores // n), deterministic=rt.deterministic, seed=rt.seed,
                 engine=rt.engine, engine_memory=rt.engine_memory, engine_kv_cache_mib=rt.engine_kv_cache_mib,
-                rank=r, world=n, master=master) for r in range(n)]
+                rank=r, world=n, master=master, **dev) for r in range(n)]
             actor = Role(ray, cws, model_ops)
             reference = Role(ray, cws, {"logprobs": "ref_logprobs"}) if has_ref else None
             critic = None
@@ -298,17 +306,17 @@ class Roles:
             master = meet(first(names.generate) + j * gtp, 2 + j) if gtp > 1 else ""
             ranks.append([remote(W.RolloutWorker, first(names.generate) + j * gtp + r).remote(
                 model_path, threads, rt.deterministic, rt.engine, rt.seed + j, rt.engine_memory,
-                rt.engine_kv_cache_mib, rank=r, tp=gtp, master=master) for r in range(gtp)])
+                rt.engine_kv_cache_mib, rank=r, tp=gtp, master=master, **dev) for r in range(gtp)])
         master = meet(first(names.actor_update))
         trainers = [remote(W.TrainerWorker, first(names.actor_update) + r).remote(
             model_path, cfg, optim, lm=True, value=shared_value, rank=r, world=ntrain, master=master,
-            tp=tp, pp=pp, pp_schedule=rt.pp_schedule, threads=threads, deterministic=rt.deterministic, seed=rt.seed)
-            for r in range(ntrain)]
+            tp=tp, pp=pp, pp_schedule=rt.pp_schedule, threads=threads, deterministic=rt.deterministic, seed=rt.seed,
+            **dev) for r in range(ntrain)]
         actor = Role(ray, trainers, model_ops, tp=tp * pp)  # the pp x tp ranks of a data shard take the same rows
         reference = None
         if has_ref:
             ref = remote(W.InferenceWorker, first(names.ref_logprobs)).remote(model_path, threads, rt.temperature,
-                                                                               rt.micro_batch)
+                                                                               rt.micro_batch, **dev)
             reference = Role(ray, [ref], {"logprobs": "logprobs"}, sharded=False)
         critic = actor if shared_value else None
         if has_critic:
@@ -316,7 +324,7 @@ class Roles:
             critics = [remote(W.TrainerWorker, first(names.critic_update) + r).remote(
                 model_path, cfg, optim, lm=False, value=True, rank=r, world=clay.devices,
                 master=meet(first(names.critic_update), 1), tp=clay.tp, threads=threads, deterministic=rt.deterministic,
-                seed=rt.seed) for r in range(clay.devices)]
+                seed=rt.seed, **dev) for r in range(clay.devices)]
             critic = Role(ray, critics, model_ops, tp=clay.tp)
         everyone = [w for rs in ranks for w in rs] + trainers + (reference.workers if reference else []) + \
             (critic.workers if critic is not None and critic is not actor else [])
@@ -380,10 +388,10 @@ def _node_ip(ray, options: dict) -> str:
     return ray.get(ip.options(**options).remote())
 
 
-def joined(spans) -> tuple[float, float]:
-    """The wall-clock span of several workers' parts: first start to last end."""
+def joined(spans) -> Span:
+    """The span of several workers' parts: first start to last end, and the highest peak memory."""
     spans = list(spans)
-    return min(s[0] for s in spans), max(s[1] for s in spans)
+    return Span(min(s[0] for s in spans), max(s[1] for s in spans), max((s[2] if len(s) > 2 else 0.0) for s in spans))
 
 
 def _split(n: int, parts: int) -> list[torch.Tensor]:

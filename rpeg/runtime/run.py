@@ -78,10 +78,16 @@ class _Ray:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool = True) -> RunResult:
+def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool = True,
+        cluster=None) -> RunResult:
+    """`cluster`: the job's cluster (rpeg.hardware), if known: the summary then sets the model's
+    predicted step time and peak memory per stage beside the measured ones."""
     from rpeg.tasks import get_task
 
     check_plan(graph)
+    if rt.device == "cuda" and not torch.cuda.is_available():
+        raise RpegError("runtime.device is cuda, but torch sees no CUDA device on this machine (device: cpu runs "
+                        "on the CPU)")
     names = step_stages(graph)
     if graph.stage(names.reward).model is not None and not rt.reward_model_path:
         _reward_path(rt)  # the one-line error, before anything starts
@@ -107,7 +113,7 @@ def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool
     runner = None
     try:
         runner = _Runner(graph, rt, task, tok, model_path, session.ray)
-        return runner.loop(state, progress, {"warmup": warmup, "started": t0})
+        return runner.loop(state, progress, {"warmup": warmup, "started": t0, "cluster": cluster})
     finally:
         if runner is not None:
             runner.roles.close()
@@ -231,7 +237,8 @@ class _Runner:
         grp = self.groups.get(group_of or stage)
         self.records.append(Record(unit=stage, kind=self.g.stage(stage).kind.value, step=step, microbatch=microbatch,
                                    group=grp.name if grp else "host", devices=(grp.first, grp.count) if grp else (0, 0),
-                                   start=span[0] - self.t0, end=span[1] - self.t0))
+                                   start=span[0] - self.t0, end=span[1] - self.t0,
+                                   peak_memory_bytes=span[2] if len(span) > 2 else 0.0))
 
     def _sync(self, version: int, step: int) -> None:
         self._record(self.names.sync, step, self.roles.push_weights(version), self.names.generate)
@@ -284,7 +291,8 @@ class _Runner:
         timeline = self._timeline(metrics)
         summary = {"seed": rt.seed, "threads": rt.threads or os.cpu_count(), "eval_size": rt.eval_size,
                    "task": rt.task, "torch": torch.__version__, "warmup": about["warmup"],
-                   "wall_s": time.time() - about["started"]}
+                   "wall_s": time.time() - about["started"], "device": rt.device}
+        summary |= self._beside_prediction(timeline, about.get("cluster"))
         files = write_outputs(rt.out, metrics, timeline, acc_before, acc_after, summary)
         return RunResult(metrics, timeline, acc_before, acc_after, rt.out, files, about["warmup"])
 
@@ -334,7 +342,8 @@ class _Runner:
         if names.greedy:
             greedy, span = self._greedy(item)
             self._record(names.greedy, step, span)
-            greedy_scores, _, span = self._rewards(item.problems, self.tok.batch_decode(greedy, skip_special_tokens=True))
+            texts = self.tok.batch_decode(greedy, skip_special_tokens=True)
+            greedy_scores, _, span = self._rewards(item.problems, texts)
             self._record(names.greedy_reward, step, span)
             m["greedy_reward"] = float(greedy_scores.mean())
         if not parts:
@@ -455,6 +464,30 @@ class _Runner:
         random.setstate(state["rng"]["python"])
         self.roles.restore(state)
         self.roles.push_weights(state["step"])
+
+    def _beside_prediction(self, timeline: Timeline, cluster) -> dict:
+        """The model's step time and peak memory per stage for this plan on the job's cluster, beside the
+        measured ones (peak memory is measured on GPUs only: torch.cuda.max_memory_allocated per part)."""
+        peaks: dict[str, float] = {}
+        for r in timeline.records:
+            peaks[r.unit] = max(peaks.get(r.unit, 0.0), r.peak_memory_bytes)
+        out: dict = {}
+        pred = None
+        if cluster is not None:
+            from rpeg.perf.step import predict_step
+
+            pred = predict_step(self.g, cluster)
+            out["predicted_step_s"] = pred.step_s
+        memory = {}
+        for stage, peak in peaks.items():
+            row = {"measured_gb": peak / 1e9} if peak > 0 else {}
+            if pred is not None and stage in pred.stages and pred.stages[stage].peak_memory_bytes > 0:
+                row["predicted_gb"] = pred.stages[stage].peak_memory_bytes / 1e9
+            if row:
+                memory[stage] = row
+        if memory:
+            out["peak_memory"] = memory
+        return out
 
     def _timeline(self, metrics: list) -> Timeline:
         steps = max((r.step for r in self.records), default=0) + 1

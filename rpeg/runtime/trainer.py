@@ -86,7 +86,8 @@ class Trainer:
 
             world = dist.get_world_size()
             dp = world // (tp * pp)
-            mesh = init_device_mesh("cpu", (dp, pp, tp) if pp > 1 else (dp, tp),
+            kind = torch.device(device).type if device else "cpu"
+            mesh = init_device_mesh(kind, (dp, pp, tp) if pp > 1 else (dp, tp),
                                     mesh_dim_names=("dp", "pp", "tp") if pp > 1 else ("dp", "tp"))
             if pp > 1:
                 from rpeg.runtime.pipeline import Pipeline, Stage, cut, tie_groups
@@ -98,13 +99,17 @@ class Trainer:
             if tp > 1:
                 tensor_parallel(model, mesh["tp"])
             if dp > 1:
-                from torch.distributed.fsdp import fully_shard
+                from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+                # bf16: FSDP2 gathers bf16 copies of the fp32 shards for compute and reduces gradients in
+                # fp32 into the fp32 shards the optimizer steps (master weights)
+                kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} \
+                    if bf16 else {}
                 for layer in _decoder_layers(model):
-                    fully_shard(layer, mesh=mesh["dp"])
-                fully_shard(model, mesh=mesh["dp"])
+                    fully_shard(layer, mesh=mesh["dp"], **kw)
+                fully_shard(model, mesh=mesh["dp"], **kw)
                 if self.head is not None:
-                    fully_shard(self.head, mesh=mesh["dp"])
+                    fully_shard(self.head, mesh=mesh["dp"], **kw)
             if pp > 1:
                 self.pipe = Pipeline(model, index, pp, mesh["pp"].get_group(), pp_schedule,
                                      ties.get(dist.get_rank()))

@@ -62,7 +62,10 @@ class VLLMEngine:
     """Sampling with vLLM's offline engine on a local Hugging Face model folder."""
 
     def __init__(self, model_path: str, eos_id: int, *, max_model_len: int | None = None, seed: int = 0,
-                 dtype: str = "float32", memory_fraction: float = 0.4, kv_cache_bytes: int = 0, threads: int = 0):
+                 dtype: str = "float32", memory_fraction: float = 0.4, kv_cache_bytes: int = 0, threads: int = 0,
+                 sleep: bool = False):
+        """`sleep`: vLLM's sleep mode (a GPU engine colocated with a trainer): `sleep()` moves its weights
+        to host memory and frees its KV cache while the trainer trains; `wake()` brings both back."""
         if threads > 0:  # on CPU vLLM pins its threads from OMP_NUM_THREADS; set_num_threads is a no-op after
             os.environ["OMP_NUM_THREADS"] = str(threads)
         require()
@@ -72,6 +75,7 @@ class VLLMEngine:
             raise RpegError(f"model folder {model_path!r} does not exist")
         self.eos_id = eos_id
         self.version = 0
+        self.asleep = False
         t = time.time()
         # the KV cache: a fixed size when given, else vLLM's share of device memory. On CPU vLLM takes
         # that share of the NUMA node's memory minus what the worker process already holds, so a small
@@ -79,7 +83,8 @@ class VLLMEngine:
         memory = {"kv_cache_memory_bytes": kv_cache_bytes} if kv_cache_bytes > 0 else {}
         self.llm = LLM(model=model_path, distributed_executor_backend="uni", worker_extension_cls=EXTENSION,
                        dtype=dtype, max_model_len=max_model_len, enforce_eager=True, seed=seed,
-                       gpu_memory_utilization=memory_fraction, logprobs_mode="processed_logprobs", **memory)
+                       gpu_memory_utilization=memory_fraction, logprobs_mode="processed_logprobs",
+                       **({"enable_sleep_mode": True} if sleep else {}), **memory)
         self.start_seconds = time.time() - t
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int):
@@ -96,6 +101,16 @@ class VLLMEngine:
             responses.append(ids)
             logprobs.append([float(d[t].logprob) for t, d in zip(ids, c.logprobs)])
         return responses, logprobs
+
+    def sleep(self) -> None:
+        if not self.asleep:
+            self.llm.sleep(level=1)  # level 1: weights to host memory, KV cache discarded
+            self.asleep = True
+
+    def wake(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         self.llm.collective_rpc("rpeg_reload_weights", args=(state_dict,))

@@ -13,12 +13,13 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from rpeg.graph.config import AlgoConfig
 from rpeg.runtime.batch import Batch
+from rpeg.runtime.models import autocast
 from rpeg.runtime.rollout import HFEngine, SamplingParams
 from rpeg.runtime.trainer import OptimConfig, Trainer
 
@@ -41,13 +42,20 @@ def _deterministic(on: bool) -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-def _join_group(rank: int, world: int, master: str) -> None:
-    """Join the process group of `world` ranks meeting at `master` (host:port; gloo on CPU)."""
+def _on(device: str) -> str | None:
+    """The torch device a worker computes on: None for the CPU (the default path, bit for bit as it
+    always was), "cuda" for the one GPU Ray gave the worker (CUDA_VISIBLE_DEVICES holds just it)."""
+    return "cuda" if device == "cuda" else None
+
+
+def _join_group(rank: int, world: int, master: str, device: str | None = None) -> None:
+    """Join the process group of `world` ranks meeting at `master` (host:port): NCCL between GPUs,
+    gloo on CPU."""
     import torch.distributed as dist
 
     host, port = master.split(":")
     os.environ.update(MASTER_ADDR=host, MASTER_PORT=port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("nccl" if device else "gloo", rank=rank, world_size=world)
 
 
 def _load(path: str):
@@ -57,7 +65,7 @@ def _load(path: str):
 
 
 def _engine(kind: str, model, tok, model_path: str, *, seed: int, threads: int, memory: float, kv_mib: int = 0,
-            tp: bool = False):
+            tp: bool = False, device: str | None = None, sleep: bool = False):
     """The rollout engine the job asks for: `hf` samples with `model` itself; `vllm` loads its own
     copy of the weights from `model_path` and takes new ones through `load_weights`. `tp`: `model`
     is tensor-parallel over this process group, whose ranks all generate the same batch."""
@@ -65,20 +73,29 @@ def _engine(kind: str, model, tok, model_path: str, *, seed: int, threads: int, 
         from rpeg.runtime.vllm_engine import VLLMEngine
 
         return VLLMEngine(model_path, tok.eos_token_id, seed=seed, threads=threads, memory_fraction=memory,
-                          kv_cache_bytes=kv_mib * 2**20)
+                          kv_cache_bytes=kv_mib * 2**20, dtype="bfloat16" if device else "float32", sleep=sleep)
     if tp:
         import torch.distributed as dist
 
-        return HFEngine(model, tok.eos_token_id, tok.pad_token_id, group=dist.group.WORLD)
-    return HFEngine(model, tok.eos_token_id, tok.pad_token_id)
+        return HFEngine(model, tok.eos_token_id, tok.pad_token_id, group=dist.group.WORLD, device=device,
+                        bf16=device is not None)
+    return HFEngine(model, tok.eos_token_id, tok.pad_token_id, device=device, bf16=device is not None)
+
+
+class Span(NamedTuple):
+    """When a worker's part ran (wall clock) and, on a GPU, the peak memory it allocated meanwhile."""
+
+    start: float
+    end: float
+    peak_bytes: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class Timed:
-    """A worker's result and the wall-clock (start, end) it took: what the driver records."""
+    """A worker's result and the span it took: what the driver records."""
 
     value: Any
-    span: tuple[float, float]
+    span: Span
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,13 +105,16 @@ class Generated:
     responses: list[list[int]]
     logprobs: list[list[float]]
     version: int
-    span: tuple[float, float]
+    span: Span
 
 
 def _timed(fn, *args, **kwargs) -> Timed:
+    gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
+    if gpu:
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.time()
     out = fn(*args, **kwargs)
-    return Timed(out, (t0, time.time()))
+    return Timed(out, Span(t0, time.time(), float(torch.cuda.max_memory_allocated()) if gpu else 0.0))
 
 
 class RolloutWorker(_Where):
@@ -104,19 +124,22 @@ class RolloutWorker(_Where):
 
     def __init__(self, model_path: str, threads: int = 0, deterministic: bool = True, engine: str = "hf",
                  seed: int = 0, engine_memory: float = 0.4, engine_kv_cache_mib: int = 0, *, rank: int = 0,
-                 tp: int = 1, master: str = ""):
+                 tp: int = 1, master: str = "", device: str = "cpu"):
         _threads(threads)
         _deterministic(deterministic)
+        dev = _on(device)
         model, tok = _load(model_path)
+        if dev and engine == "hf":
+            model = model.to(dev)
         if tp > 1:
             from torch.distributed.device_mesh import init_device_mesh
 
             from rpeg.runtime.trainer import tensor_parallel
 
-            _join_group(rank, tp, master)
-            tensor_parallel(model, init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",)))
+            _join_group(rank, tp, master, dev)
+            tensor_parallel(model, init_device_mesh(dev or "cpu", (tp,), mesh_dim_names=("tp",)))
         self.engine = _engine(engine, model, tok, model_path, seed=seed, threads=threads, memory=engine_memory,
-                              kv_mib=engine_kv_cache_mib, tp=tp > 1)
+                              kv_mib=engine_kv_cache_mib, tp=tp > 1, device=dev)
 
     def generate(self, prompts, params: SamplingParams, seed: int):
         out = _timed(self.engine.generate, prompts, params, seed)
@@ -132,15 +155,16 @@ class TrainerWorker(_Where):
 
     def __init__(self, model_path: str, config: AlgoConfig, optim: OptimConfig, *, lm: bool, value: bool, rank: int,
                  world: int, master: str, tp: int = 1, pp: int = 1, pp_schedule: str = "1f1b", threads: int = 0,
-                 deterministic: bool = True, seed: int = 0):
+                 deterministic: bool = True, seed: int = 0, device: str = "cpu"):
         _threads(threads)
         _deterministic(deterministic)
+        dev = _on(device)
         if world > 1:
-            _join_group(rank, world, master)
+            _join_group(rank, world, master, dev)
         torch.manual_seed(seed)
         model, _ = _load(model_path)
         self.trainer = Trainer(model, config, optim, lm=lm, value=value, shard=world > tp * pp, tp=tp, pp=pp,
-                               pp_schedule=pp_schedule)
+                               pp_schedule=pp_schedule, device=dev, bf16=dev is not None)
         self.rank = rank
 
     def logprobs(self, batch: Batch):
@@ -165,11 +189,14 @@ class TrainerWorker(_Where):
 class InferenceWorker(_Where):
     """A frozen model's forward pass: reference logprobs."""
 
-    def __init__(self, model_path: str, threads: int = 0, temperature: float = 1.0, micro_batch: int = 64):
+    def __init__(self, model_path: str, threads: int = 0, temperature: float = 1.0, micro_batch: int = 64,
+                 device: str = "cpu"):
         _threads(threads)
+        dev = _on(device)
         model, _ = _load(model_path)
         self.trainer = Trainer(model.eval(), AlgoConfig(adv_estimator="grpo"),
-                               OptimConfig(temperature=temperature, micro_batch=micro_batch), lm=True)
+                               OptimConfig(temperature=temperature, micro_batch=micro_batch), lm=True, device=dev,
+                               bf16=dev is not None)
 
     def logprobs(self, batch: Batch):
         return _timed(self.trainer.logprobs, batch)
@@ -178,11 +205,14 @@ class InferenceWorker(_Where):
 class RewardWorker(_Where):
     """A reward model (a sequence-classification head with one label) scoring whole sequences."""
 
-    def __init__(self, model_path: str, threads: int = 0, micro_batch: int = 64):
+    def __init__(self, model_path: str, threads: int = 0, micro_batch: int = 64, device: str = "cpu"):
         from rpeg.runtime.models import load_reward
 
         _threads(threads)
+        self.device = _on(device)
         self.model, self.tok = load_reward(model_path)
+        if self.device:
+            self.model = self.model.to(self.device)
         self.micro_batch = max(1, micro_batch)
 
     @torch.no_grad()
@@ -193,8 +223,11 @@ class RewardWorker(_Where):
         out = []
         for i in range(0, len(texts), self.micro_batch):
             enc = self.tok(texts[i:i + self.micro_batch], return_tensors="pt", padding=True, add_special_tokens=False)
-            out.append(self.model(**enc).logits[:, 0].float())
-        return Timed(torch.cat(out), (t, time.time()))
+            if self.device:
+                enc = enc.to(self.device)
+            with autocast(self.device, self.device is not None):
+                out.append(self.model(**enc).logits[:, 0].float().cpu())
+        return Timed(torch.cat(out), Span(t, time.time()))
 
 
 class ColocatedWorker(_Where):
@@ -206,28 +239,37 @@ class ColocatedWorker(_Where):
     def __init__(self, model_path: str, config: AlgoConfig, optim: OptimConfig, *, reference: bool, critic: bool,
                  shared_value: bool, threads: int = 0, deterministic: bool = True, seed: int = 0,
                  engine: str = "hf", engine_memory: float = 0.4, engine_kv_cache_mib: int = 0, rank: int = 0,
-                 world: int = 1, master: str = ""):
+                 world: int = 1, master: str = "", device: str = "cpu"):
         _threads(threads)
         _deterministic(deterministic)
+        dev = _on(device)
         if world > 1:
-            _join_group(rank, world, master)
+            _join_group(rank, world, master, dev)
         torch.manual_seed(seed)
         model, tok = _load(model_path)
         sharded = world > 1
-        self.actor = Trainer(model, config, optim, lm=True, value=shared_value, shard=sharded)
+        on = {"device": dev, "bf16": dev is not None}
+        self.actor = Trainer(model, config, optim, lm=True, value=shared_value, shard=sharded, **on)
         # hf on one device: the engine samples with the trainer's own model; a sharded trainer's model
         # cannot sample alone, so the engine holds a full copy; vllm always holds its own; both copies
         # are refreshed in-process from the (gathered) trainer weights
-        self.engine = _engine(engine, _load(model_path)[0] if sharded else model, tok, model_path, seed=seed,
-                              threads=threads, memory=engine_memory, kv_mib=engine_kv_cache_mib)
+        own = _load(model_path)[0].to(dev) if sharded and dev and engine == "hf" else \
+            _load(model_path)[0] if sharded else self.actor.model
+        # on a GPU a vllm engine sleeps while the trainer trains (its weights to host, its KV cache freed)
+        # and wakes before it generates: vLLM's sleep mode, as verl and NeMo-RL colocate it
+        self.sleeps = engine == "vllm" and dev is not None
+        self.engine = _engine(engine, own, tok, model_path, seed=seed, threads=threads, memory=engine_memory,
+                              kv_mib=engine_kv_cache_mib, device=dev, sleep=self.sleeps)
         self.shares_model = isinstance(self.engine, HFEngine) and not sharded
-        self.ref = Trainer(_load(model_path)[0].eval(), config, optim, lm=True) if reference else None
-        self.critic = Trainer(_load(model_path)[0], config, optim, lm=False, value=True,
-                              shard=sharded) if critic else None
+        self.ref = Trainer(_load(model_path)[0].eval(), config, optim, lm=True, **on) if reference else None
+        self.critic = Trainer(_load(model_path)[0], config, optim, lm=False, value=True, shard=sharded,
+                              **on) if critic else None
 
     def generate(self, prompts, params: SamplingParams, seed: int):
         if self.shares_model:
             self.engine.model.eval()
+        if self.sleeps:
+            self.engine.wake()
         out = _timed(self.engine.generate, prompts, params, seed)
         return Generated(*out.value, self.engine.version, out.span)
 
@@ -238,8 +280,10 @@ class ColocatedWorker(_Where):
         if self.shares_model:
             self.engine.version = version
         else:
+            if self.sleeps:
+                self.engine.wake()
             self.engine.load_weights(self.actor.full_state_dict(), version)
-        return (t, time.time())
+        return Span(t, time.time())
 
     def logprobs(self, batch: Batch):
         return _timed(self.actor.logprobs, batch)
@@ -251,6 +295,8 @@ class ColocatedWorker(_Where):
         return _timed((self.critic or self.actor).values, batch)
 
     def train(self, batch: Batch, epochs: int, mini_batches: int, seed: int):
+        if self.sleeps:
+            self.engine.sleep()
         out = _timed(self.actor.train, batch, epochs, mini_batches, seed)
         if self.shares_model:
             self.engine.model.eval()
@@ -272,6 +318,8 @@ class ColocatedWorker(_Where):
                 critic.append(c)
             return mean_metrics(actor), mean_metrics(critic)
 
+        if self.sleeps:
+            self.engine.sleep()
         out = _timed(both)
         if self.shares_model:
             self.engine.model.eval()

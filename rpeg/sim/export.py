@@ -29,6 +29,8 @@ def chrome_trace(tl: Timeline, title: str = "rpeg") -> dict:
         args = {"step": r.step, "microbatch": r.microbatch, "devices": f"{r.devices[0]}+{r.devices[1]}"}
         if r.weight_version >= 0:
             args["weight_version"] = r.weight_version
+        if r.peak_memory_bytes > 0:
+            args["peak_memory_gb"] = round(r.peak_memory_bytes / 1e9, 3)
         events.append({"ph": "X", "name": f"{r.unit} s{r.step}", "cat": r.kind, "pid": pid[r.group],
                        "tid": tid[r.unit], "ts": r.start * 1e6, "dur": max(r.seconds, 0.0) * 1e6, "args": args})
     return {"traceEvents": events, "displayTimeUnit": "ms",

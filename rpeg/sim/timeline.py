@@ -17,6 +17,7 @@ class Record:
     end: float
     flops: float = 0.0
     weight_version: int = -1  # generation: the actor version it sampled with
+    peak_memory_bytes: float = 0.0  # measured (a GPU run): the most device memory it allocated; 0 unknown
 
     @property
     def seconds(self) -> float:

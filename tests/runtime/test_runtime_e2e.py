@@ -57,7 +57,9 @@ def weights(out: str) -> dict:
 
 
 def test_grpo_trains_and_records(tmp_path):
-    result = run(colocated_plan(kl_coef=0.04), rt(tmp_path), progress=False)
+    from rpeg.hardware import load_cluster
+
+    result = run(colocated_plan(kl_coef=0.04), rt(tmp_path), progress=False, cluster=load_cluster("dgx-h100", 1))
     assert len(result.metrics) == 3
     rows = [json.loads(line) for line in open(os.path.join(result.out, "metrics.jsonl"))]
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -74,6 +76,10 @@ def test_grpo_trains_and_records(tmp_path):
     trace = json.load(open(os.path.join(result.out, "timeline.json")))
     kinds = {e["cat"] for e in trace["traceEvents"] if e["ph"] == "X"}
     assert {"generate", "train", "sync"} <= kinds
+    summary = json.load(open(os.path.join(result.out, "summary.json")))
+    assert summary["predicted_step_s"] > 0 and summary["device"] == "cpu"  # the model's figure beside the run
+    memory = summary["peak_memory"]  # the model's per stage; measured on GPUs only
+    assert memory["actor_update"]["predicted_gb"] > 0 and not any("measured_gb" in row for row in memory.values())
 
 
 def test_ppo_with_a_critic(tmp_path):
@@ -264,6 +270,14 @@ def test_pipeline_parallel_training_group(tmp_path):
     assert gpipe.metrics[0]["logprob_gap_max"] < 1e-4
 
 
+def test_cuda_without_a_gpu_is_refused_before_anything_starts(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(RpegError, match="torch sees no CUDA device"):
+        run(colocated_plan(), rt(tmp_path, device="cuda"), progress=False)
+    assert not os.path.exists(tmp_path / "run" / "warm-model")
+
+
 def test_vllm_engine_without_vllm_is_refused_before_anything_starts(tmp_path):
     from rpeg.runtime.vllm_engine import available
 
@@ -275,6 +289,10 @@ def test_vllm_engine_without_vllm_is_refused_before_anything_starts(tmp_path):
 
 
 def test_runtime_config_rejects_bad_engine_settings():
+    with pytest.raises(RpegError, match="device = 'tpu': expected cpu or cuda"):
+        RuntimeConfig(device="tpu")
+    with pytest.raises(RpegError, match="pp_schedule = 'zb'"):
+        RuntimeConfig(pp_schedule="zb")
     with pytest.raises(RpegError, match="engine_memory"):
         RuntimeConfig(engine_memory=1.5)
     with pytest.raises(RpegError, match="expected hf or vllm"):

@@ -80,3 +80,15 @@ def test_gantt_is_a_png(timeline, tmp_path):
     data = (tmp_path / "gantt.png").read_bytes()
     assert path == str(tmp_path / "gantt.png")
     assert data[:8] == PNG and len(data) > 1000
+
+
+def test_a_measured_peak_memory_shows_in_the_trace_and_an_unknown_one_does_not():
+    from rpeg.sim.timeline import Record, Timeline
+
+    common = dict(step=0, microbatch=0, group="all", devices=(0, 1))
+    recs = (Record(unit="actor_update", kind="train", start=0.0, end=1.0, peak_memory_bytes=3.5e9, **common),
+            Record(unit="generate", kind="generate", start=1.0, end=2.0, **common))
+    trace = chrome_trace(Timeline(records=recs, steps=1, step_s=2.0, step_ends=(2.0,), tokens_per_step=0.0,
+                                  sequences_per_step=1, max_staleness=0, source="measured"))
+    args = {e["name"]: e["args"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert args["actor_update s0"]["peak_memory_gb"] == 3.5 and "peak_memory_gb" not in args["generate s0"]
