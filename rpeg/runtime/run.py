@@ -219,7 +219,7 @@ class _Runner:
         return [r for o in outs for r in o.responses], joined(o.span for o in outs)
 
     def _parts(self, item: Launched):
-        """A step's generation part by part as each is done: (part, its first sample, the part)."""
+        """A step's generation part by part as each is done: (its index, its first sample, the part)."""
         n = self.job.samples_per_prompt
         first = 0
         for c, idx in enumerate(_split(len(item.problems), self.chunks)):
