@@ -63,6 +63,18 @@ def check_plan(graph: Graph) -> None:
         raise RpegError(f"actor_logprobs runs on the training workers, so its dp, tp and pp must match actor_update's "
                         f"(dp {train.layout.dp}, tp {train.layout.tp}, pp {train.layout.pp}); it asks for "
                         f"{logprobs.describe()}")
+    split = not graph.group(gen.group).overlaps(graph.group(train.group))
+    for s in graph.stages:
+        if split and s.kind is Kind.INFER and s.model == "ref" and s.layout.devices != s.layout.dp:
+            raise RpegError(f"stage {s.name!r} asks for {s.layout.describe()}: the runtime runs the reference data "
+                            "parallel (a full copy per device, each on its share of the rows)")
+    values = next((s for s in graph.stages if s.kind is Kind.INFER and s.model == "critic"), None)
+    if values is not None and graph.has_model("critic"):
+        update = next(s for s in graph.stages if s.kind is Kind.TRAIN and s.model == "critic")
+        if (values.layout.dp, values.layout.tp) != (update.layout.dp, update.layout.tp):
+            raise RpegError(f"{values.name} runs on the critic's training workers, so its dp and tp must match "
+                            f"{update.name}'s (dp {update.layout.dp}, tp {update.layout.tp}); it asks for "
+                            f"{values.layout.describe()}")
     if train.layout.pp > 1 and "value" in graph.model("actor").heads:
         raise RpegError("the plan trains a value head on the actor with pipeline parallelism; the runtime pipelines "
                         "the policy's language-model head only")

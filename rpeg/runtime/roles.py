@@ -314,10 +314,11 @@ class Roles:
             **dev) for r in range(ntrain)]
         actor = Role(ray, trainers, model_ops, tp=tp * pp)  # the pp x tp ranks of a data shard take the same rows
         reference = None
-        if has_ref:
-            ref = remote(W.InferenceWorker, first(names.ref_logprobs)).remote(model_path, threads, rt.temperature,
-                                                                               rt.micro_batch, **dev)
-            reference = Role(ray, [ref], {"logprobs": "logprobs"}, sharded=False)
+        if has_ref:  # one full copy per device of its stage, each scoring its share of the rows
+            refs = [remote(W.InferenceWorker, first(names.ref_logprobs) + r).remote(
+                model_path, threads, rt.temperature, rt.micro_batch, **dev)
+                for r in range(graph.stage(names.ref_logprobs).layout.dp)]
+            reference = Role(ray, refs, {"logprobs": "logprobs"})
         critic = actor if shared_value else None
         if has_critic:
             clay = graph.stage(names.critic_update).layout

@@ -270,6 +270,36 @@ def test_pipeline_parallel_training_group(tmp_path):
     assert gpipe.metrics[0]["logprob_gap_max"] < 1e-4
 
 
+def test_a_data_parallel_reference_runs_a_copy_per_device_and_other_layouts_are_refused(tmp_path):
+    """A split plan's reference on two devices (dp 2): two workers, each scoring half of the rows;
+    a tensor-parallel reference is refused (the runtime runs it data parallel only)."""
+    g = build_graph("grpo", job(), Models(actor=TINY), kl_coef=0.04)
+    g = place(g, {"gen": 1, "train": 1, "ref": 2}, {"generate": "gen", "ref_logprobs": "ref"}, default="train")
+    for s in g.stages:
+        if s.model and s.kind.value != "sync":
+            g = parallelize(g, s.name, dp=g.group(s.group).count)
+    result = run(g, rt(tmp_path, steps=2), progress=False)
+    assert all(m["kl_ref"] == m["kl_ref"] for m in result.metrics)  # computed (not NaN)
+    assert all(r.devices == (2, 2) for r in result.timeline.records if r.unit == "ref_logprobs")
+    assert abs(result.metrics[0]["kl_ref"]) < 1e-4  # the first step: policy and reference hold the same weights
+    import ray
+
+    from rpeg.runtime.models import build_tiny
+    from rpeg.runtime.roles import Roles
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        roles = Roles.build(g, rt(tmp_path / "c"), build_tiny(str(tmp_path / "tiny")), ray)
+        try:
+            assert len(roles.reference.workers) == 2 and roles.reference.sharded
+        finally:
+            roles.close()
+    finally:
+        ray.shutdown()
+    with pytest.raises(RpegError, match="reference data parallel"):
+        run(parallelize(g, "ref_logprobs", dp=1, tp=2), rt(tmp_path / "b"), progress=False)
+
+
 def test_cuda_without_a_gpu_is_refused_before_anything_starts(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

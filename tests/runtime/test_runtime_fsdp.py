@@ -29,9 +29,21 @@ def _batch():
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range (32768 and up here): a port the kernel hands
+    out can be taken by another process's outgoing connection (Ray's, in a parallel test) between
+    this check and the ranks binding it."""
+    import random
+
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32000")
 
 
 def _join(rank: int, world: int, port: int) -> None:
