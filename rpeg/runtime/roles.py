@@ -137,32 +137,24 @@ class Placement:
 @dataclass
 class Role:
     """One model role's workers. `tp` consecutive ranks hold one data shard (a shard's tensor- and
-    pipeline-parallel ranks: each gets the same rows; the first one's result stands for them);
-    `sharded=False`: one worker takes the batch."""
+    pipeline-parallel ranks: each gets the same rows; the first one's result stands for them)."""
 
     ray: object
     workers: list
     methods: dict[str, str]  # uniform operation -> the workers' method
     tp: int = 1
-    sharded: bool = True
-
-    def call(self, op: str, batch: Batch, *args) -> tuple[list, tuple[float, float]]:
-        """Run `op` on the batch: (each data shard's result, in order; the span from first start to last end)."""
-        return self.wait(self.submit(op, batch, *args))
 
     def submit(self, op: str, batch: Batch, *args) -> list:
         """Start `op` on the workers (their data shards) without waiting: the futures, for `wait`."""
         method = self.methods[op]
-        if not self.sharded:
-            return [getattr(self.workers[0], method).remote(batch, *args)]
-        shards = _split(batch.size, len(self.workers) // self.tp)
-        return [getattr(w, method).remote(batch.select(shards[r // self.tp]), *args)
+        rows = shards(batch.size, len(self.workers) // self.tp)
+        return [getattr(w, method).remote(batch.select(rows[r // self.tp]), *args)
                 for r, w in enumerate(self.workers)]
 
-    def wait(self, futures: list) -> tuple[list, tuple[float, float]]:
+    def wait(self, futures: list) -> tuple[list, Span]:
+        """Each data shard's result, in order, and the span from first start to last end."""
         outs = self.ray.get(futures)  # each rank's workers.Timed
-        tp = self.tp if self.sharded else 1
-        return [o.value for r, o in enumerate(outs) if r % tp == 0], joined(o.span for o in outs)
+        return [o.value for r, o in enumerate(outs) if r % self.tp == 0], joined(o.span for o in outs)
 
     def collective(self, op: str):
         """A call every rank takes part in (gathering sharded weights); rank 0's result."""
@@ -200,9 +192,9 @@ class Engines:
 
     def submit(self, prompts: list, params, seed: int) -> list[list]:
         """Start generating `prompts`, split over the engines (engine j seeded `seed + j`): the futures."""
-        shards = _split(len(prompts), len(self.ranks))
+        parts = shards(len(prompts), len(self.ranks))
         return [[w.generate.remote([prompts[i] for i in idx], params, seed + j) for w in ranks]
-                for j, (ranks, idx) in enumerate(zip(self.ranks, shards))]
+                for j, (ranks, idx) in enumerate(zip(self.ranks, parts))]
 
     def wait(self, pending: list[list]) -> list:
         """Each engine's workers.Generated, in order."""
@@ -234,8 +226,8 @@ class Roles:
 
     def score(self, texts: list[str]) -> tuple[torch.Tensor, tuple[float, float]]:
         """The reward model's score of each text, the texts split over its scorers."""
-        shards = _split(len(texts), len(self.scorers))
-        outs = self.ray.get([w.score.remote([texts[i] for i in idx]) for w, idx in zip(self.scorers, shards)])
+        parts = shards(len(texts), len(self.scorers))
+        outs = self.ray.get([w.score.remote([texts[i] for i in idx]) for w, idx in zip(self.scorers, parts)])
         return torch.cat([o.value for o in outs]), joined(o.span for o in outs)
 
     @classmethod
@@ -395,5 +387,6 @@ def joined(spans) -> Span:
     return Span(min(s[0] for s in spans), max(s[1] for s in spans), max((s[2] if len(s) > 2 else 0.0) for s in spans))
 
 
-def _split(n: int, parts: int) -> list[torch.Tensor]:
+def shards(n: int, parts: int) -> list[torch.Tensor]:
+    """Rows 0..n-1 in `parts` contiguous, near-equal index ranges (data shards, streamed parts)."""
     return [c for c in torch.tensor_split(torch.arange(n), parts)]

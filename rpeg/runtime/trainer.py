@@ -199,7 +199,16 @@ class Trainer:
                 loss = loss + (self.optim.vf_coef if self.lm else 1.0) * vl
                 _accumulate(metrics, m, share)
             (loss * share).backward()
-        norm = _clip_grad_norm([p for g in self.opt.param_groups for p in g["params"]], self.optim.grad_clip)
+        return self._optimizer_step(metrics)
+
+    def _optimizer_step(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Clip the gradients' global norm (over every pipeline stage too), step, and add the norm and LR."""
+        params = [p for g in self.opt.param_groups for p in g["params"]]
+        if self.pipe is None:
+            norm = _clip_grad_norm(params, self.optim.grad_clip)
+        else:
+            norm = _clip_grad_norm(params, self.optim.grad_clip, counted=self.pipe.counted(params),
+                                   reduce=self.pipe.total)
         self.opt.step()
         self.sched.step()
         self.updates += 1
@@ -237,23 +246,7 @@ class Trainer:
         for m, share in calls[-n:]:
             _accumulate(metrics, m, share)
         self.pipe.tie_gradients()
-        params = [p for g in self.opt.param_groups for p in g["params"]]
-        grads = [p.grad for p in self.pipe.counted(params) if p.grad is not None]
-        sq = sum(((g.full_tensor() if hasattr(g, "full_tensor") else g).float().pow(2).sum() for g in grads),
-                 torch.zeros(()))
-        norm = float(self.pipe.total(sq).sqrt())
-        coef = min(1.0, self.optim.grad_clip / (norm + 1e-6))
-        if coef < 1.0:
-            for p in params:
-                if p.grad is not None:
-                    p.grad.mul_(coef)
-        self.opt.step()
-        self.sched.step()
-        self.updates += 1
-        metrics = self.pipe.from_last(metrics)
-        metrics["grad_norm"] = norm
-        metrics["lr"] = self.sched.get_last_lr()[0]
-        return metrics
+        return self._optimizer_step(self.pipe.from_last(metrics))
 
     # ---- state -------------------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:
@@ -326,15 +319,20 @@ def mean_metrics(steps) -> dict[str, float]:
     return {k: v / max(count, 1) for k, v in totals.items()}
 
 
-def _clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
+def _clip_grad_norm(params: list[torch.Tensor], max_norm: float, *, counted: list[torch.Tensor] | None = None,
+                    reduce=None) -> float:
     """Clip the global gradient norm. torch's clip_grad_norm_ refuses a mix of DTensor (tensor-
-    parallel layers) and plain tensors (replicated embeddings and norms): gather then."""
+    parallel layers) and plain tensors (replicated embeddings and norms): gather then. A pipeline
+    stage counts only `counted` (a tied weight once) and sums the squares over the stages (`reduce`)."""
     grads = [p.grad for p in params if p.grad is not None]
     kinds = {hasattr(g, "full_tensor") for g in grads}
-    if len(kinds) < 2:
+    if len(kinds) < 2 and reduce is None:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    total = torch.sqrt(sum((g.full_tensor() if hasattr(g, "full_tensor") else g).float().pow(2).sum() for g in grads))
+    norm_grads = grads if counted is None else [p.grad for p in counted if p.grad is not None]
+    sq = sum(((g.full_tensor() if hasattr(g, "full_tensor") else g).float().pow(2).sum() for g in norm_grads),
+             torch.zeros(()))
+    total = (reduce(sq) if reduce is not None else sq).sqrt()
     coef = min(1.0, max_norm / (float(total) + 1e-6))
     if coef < 1.0:
         for g in grads:

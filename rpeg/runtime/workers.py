@@ -253,8 +253,11 @@ class ColocatedWorker(_Where):
         # hf on one device: the engine samples with the trainer's own model; a sharded trainer's model
         # cannot sample alone, so the engine holds a full copy; vllm always holds its own; both copies
         # are refreshed in-process from the (gathered) trainer weights
-        own = _load(model_path)[0].to(dev) if sharded and dev and engine == "hf" else \
-            _load(model_path)[0] if sharded else self.actor.model
+        own = self.actor.model
+        if sharded:
+            own = _load(model_path)[0]
+            if dev and engine == "hf":
+                own = own.to(dev)
         # on a GPU a vllm engine sleeps while the trainer trains (its weights to host, its KV cache freed)
         # and wakes before it generates: vLLM's sleep mode, as verl and NeMo-RL colocate it
         self.sleeps = engine == "vllm" and dev is not None

@@ -98,17 +98,17 @@ def test_remax_scores_a_greedy_response_per_prompt(tmp_path):
 def test_remax_advantage_is_the_reward_minus_the_greedy_reward(tmp_path, monkeypatch):
     """The loop hands the estimator one greedy score per prompt, and each sample's advantage is its
     reward minus its own prompt's greedy reward (advantages are computed in the driver)."""
-    from rpeg.runtime import run as run_module
+    from rpeg.runtime import algos
 
     seen = []
-    real = run_module.algos.compute_advantages
+    real = algos.compute_advantages
 
     def spy(name, **kw):
         out = real(name, **kw)
         seen.append((name, kw, out[0]))
         return out
 
-    monkeypatch.setattr(run_module.algos, "compute_advantages", spy)
+    monkeypatch.setattr(algos, "compute_advantages", spy)
     run(colocated_plan("remax", kl_coef=0.0), rt(tmp_path, steps=2), progress=False)
     assert [name for name, _, _ in seen] == ["remax", "remax"]
     for _, kw, adv in seen:
@@ -291,7 +291,7 @@ def test_a_data_parallel_reference_runs_a_copy_per_device_and_other_layouts_are_
     try:
         roles = Roles.build(g, rt(tmp_path / "c"), build_tiny(str(tmp_path / "tiny")), ray)
         try:
-            assert len(roles.reference.workers) == 2 and roles.reference.sharded
+            assert len(roles.reference.workers) == 2 and roles.reference.tp == 1  # a shard each
         finally:
             roles.close()
     finally:
