@@ -32,10 +32,10 @@ def main() -> None:
     args = ap.parse_args()
     spec = load_spec(args.job)
     _, cluster, gpus = spec.cluster_and_gpus(default="cpu-local")
-    cand = runnable_plan(spec.graph(), cluster, gpus)
     rt = from_data(RuntimeConfig, spec.runtime, "runtime").replace(
         steps=args.steps + WARMUP_STEPS, warmup_sft_steps=300, eval_every=0, eval_size=20, checkpoint_every=0,
         out=tempfile.mkdtemp(prefix="rpeg-bench-"))
+    cand = runnable_plan(spec.graph(), cluster, gpus, micro_batch=rt.micro_batch)
     result = run(cand.graph, rt, progress=False)
     kept = [m for m in result.metrics if m["step"] > WARMUP_STEPS]
     measured_step = statistics.mean(m["step_s"] for m in kept)

@@ -121,8 +121,10 @@ def _predict(spec, cluster_name: str, args, *, prompt_len: float, response_len: 
               response=LengthDistribution.fixed(max(1, round(response_len))))
     g = colocate(build_graph("grpo", job, Models(actor=spec), kl_coef=0.0), 1)
     for s in g.stages:
-        if s.kind.value in ("generate", "infer", "train"):
+        if s.kind.value == "generate":
             g = parallelize(g, s.name, dp=1, zero=0)
+        elif s.kind.value in ("infer", "train"):  # the trainer's micro-batches of --micro-batch padded rows
+            g = parallelize(g, s.name, dp=1, zero=0, micro_batch=args.micro_batch, packing=False)
     pred = predict_step(g, load_cluster(cluster_name, 1))
     stages = pred.stages
     return {"generate_s": stages["generate"].seconds, "logprobs_s": stages["actor_logprobs"].seconds,

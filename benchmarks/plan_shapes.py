@@ -31,11 +31,17 @@ from rpeg.runtime.plan_check import check_plan
 from rpeg.spec import load_spec
 
 
+MICRO_BATCH = 64  # rows per training and forward micro-batch, padded (the runtime pads; it does not pack)
+
+
 def _laid_out(g, layouts=None):
+    """Every model stage laid out (`layouts`: stage -> degrees; dp 1 otherwise), training and forward
+    passes in micro-batches of MICRO_BATCH padded rows: the plan states what the runtime runs."""
     layouts = layouts or {}
     for s in g.stages:
         if s.model and s.kind.value != "sync":
-            g = parallelize(g, s.name, **layouts.get(s.name, {"dp": 1}))
+            micro = {} if s.kind.value == "generate" else {"micro_batch": MICRO_BATCH, "packing": False}
+            g = parallelize(g, s.name, **(micro | layouts.get(s.name, {"dp": 1})))
     return g
 
 

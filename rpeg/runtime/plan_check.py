@@ -112,10 +112,12 @@ def _check_streams(graph: Graph) -> None:
                         "epochs; the epochs after the first need the whole batch, and the runtime streams one epoch")
 
 
-def runnable_plan(graph: Graph, cluster: Cluster, gpus: int) -> Candidate:
-    """The fastest plan the runtime can honour: data parallelism only, whole batches, no streaming."""
+def runnable_plan(graph: Graph, cluster: Cluster, gpus: int, micro_batch: int = 64) -> Candidate:
+    """The fastest plan the runtime can honour: data parallelism only, whole batches, no streaming;
+    every training and forward pass in micro-batches of `micro_batch` padded rows (`runtime.micro_batch`),
+    stated in the plan's layouts so that the prediction counts the micro-batches the runtime runs."""
     options = LayoutOptions(train_tp=(1,), train_pp=(1,), train_cp=(1,), zero=(3,), infer_zero=(0,), gen_tp=(1,),
-                            expert_parallel=False, sequence_parallel=False)
+                            expert_parallel=False, sequence_parallel=False, micro_batch=micro_batch, packing=False)
     space = SpaceOptions(share=False, fuse=True, stream=False, placements=("colocated", "split"), partial_rollout=False)
     result = search(graph, cluster, gpus, max_staleness=1, options=options, space=space, budget=200)
     for cand in result.ranked:

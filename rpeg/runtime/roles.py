@@ -12,10 +12,11 @@ write), never by their names, so a graph's stage names are only labels in the me
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -23,7 +24,7 @@ from rpeg.errors import RpegError
 from rpeg.graph import Graph, Kind
 from rpeg.runtime.batch import Batch
 from rpeg.runtime.config import RuntimeConfig
-from rpeg.runtime.trainer import OptimConfig
+from rpeg.runtime.trainer import MicroBatch, OptimConfig
 from rpeg.runtime.workers import Span, Timed
 
 
@@ -43,6 +44,27 @@ class StepStages:
     ref_logprobs: str | None = None
     values: str | None = None  # the pass that gives the values: a critic's, or the actor's with a value head
     critic_update: str | None = None
+
+
+def micro_batch(graph: Graph, stage: str) -> MicroBatch:
+    """What one forward (or forward and backward) call of `stage` takes, as its layout says."""
+    return MicroBatch.of(graph.stage(stage).layout, int(math.ceil(graph.job.max_seq_len)))
+
+
+def optim_configs(graph: Graph, names: StepStages, rt: RuntimeConfig) -> tuple[OptimConfig, OptimConfig | None,
+                                                                               OptimConfig | None]:
+    """The actor's, the reference's and a separate critic's trainer settings: the run's optimizer and
+    each pass's micro-batch from its stage's layout (updates: the training stage's; logprobs and
+    values: the forward stage's)."""
+    base = OptimConfig(lr=rt.lr, warmup_steps=rt.warmup_steps, grad_clip=rt.grad_clip, temperature=rt.temperature)
+    actor = replace(base, micro_batch=micro_batch(graph, names.actor_update),
+                    forward_batch=micro_batch(graph, names.actor_logprobs))
+    ref = replace(base, forward_batch=micro_batch(graph, names.ref_logprobs)) if names.ref_logprobs else None
+    critic = None
+    if names.critic_update:
+        critic = replace(base, micro_batch=micro_batch(graph, names.critic_update),
+                         forward_batch=micro_batch(graph, names.values or names.critic_update))
+    return actor, ref, critic
 
 
 def step_stages(graph: Graph) -> StepStages:
@@ -243,7 +265,8 @@ class Roles:
             threads = rt.threads or max(1, (os.cpu_count() or 2) // max(1, len(roles.workers) + n))
             gpus = GPU_SHARE if rt.device == "cuda" else 0
             roles.scorers = [ray.remote(num_cpus=0, num_gpus=gpus)(W.RewardWorker).options(
-                **roles.placement.on(grp.first + d)).remote(reward_path, threads, rt.micro_batch, rt.device)
+                **roles.placement.on(grp.first + d)).remote(reward_path, threads,
+                                                          micro_batch(graph, reward.name), rt.device)
                 for d in range(n)]
         return roles
 
@@ -256,8 +279,7 @@ class Roles:
         colocated = graph.group(gen.group).overlaps(graph.group(train.group))
         has_ref, has_critic = graph.has_model("ref"), graph.has_model("critic")
         shared_value = "value" in graph.model("actor").heads
-        optim = OptimConfig(lr=rt.lr, warmup_steps=rt.warmup_steps, grad_clip=rt.grad_clip,
-                            micro_batch=rt.micro_batch, temperature=rt.temperature)
+        optim, ref_optim, critic_optim = optim_configs(graph, names, rt)
         cores = os.cpu_count() or 2
         gpu = rt.device == "cuda"
         place = Placement(ray, graph, {"CPU": 1, "GPU": 1} if gpu else None)
@@ -278,7 +300,8 @@ class Roles:
             n = train.layout.devices
             master = meet(first(names.actor_update)) if n > 1 else ""
             cws = [remote(W.ColocatedWorker, first(names.generate) + r).remote(
-                model_path, cfg, optim, reference=has_ref, critic=has_critic, shared_value=shared_value,
+                model_path, cfg, optim, ref_optim=ref_optim, critic_optim=critic_optim, reference=has_ref,
+                critic=has_critic, shared_value=shared_value,
                 threads=rt.threads or max(1, cores // n), deterministic=rt.deterministic, seed=rt.seed,
                 engine=rt.engine, engine_memory=rt.engine_memory, engine_kv_cache_mib=rt.engine_kv_cache_mib,
                 rank=r, world=n, master=master, **dev) for r in range(n)]
@@ -308,14 +331,14 @@ class Roles:
         reference = None
         if has_ref:  # one full copy per device of its stage, each scoring its share of the rows
             refs = [remote(W.InferenceWorker, first(names.ref_logprobs) + r).remote(
-                model_path, threads, rt.temperature, rt.micro_batch, **dev)
+                model_path, threads, rt.temperature, ref_optim.forward_batch, **dev)
                 for r in range(graph.stage(names.ref_logprobs).layout.dp)]
             reference = Role(ray, refs, {"logprobs": "logprobs"})
         critic = actor if shared_value else None
         if has_critic:
             clay = graph.stage(names.critic_update).layout
             critics = [remote(W.TrainerWorker, first(names.critic_update) + r).remote(
-                model_path, cfg, optim, lm=False, value=True, rank=r, world=clay.devices,
+                model_path, cfg, critic_optim, lm=False, value=True, rank=r, world=clay.devices,
                 master=meet(first(names.critic_update), 1), tp=clay.tp, threads=threads, deterministic=rt.deterministic,
                 seed=rt.seed, **dev) for r in range(clay.devices)]
             critic = Role(ray, critics, model_ops, tp=clay.tp)

@@ -20,14 +20,45 @@ from rpeg.runtime.models import autocast
 
 
 @dataclass(frozen=True, slots=True)
+class MicroBatch:
+    """What one forward (or forward and backward) call takes, as the stage's layout says: `rows`
+    sequences padded to the batch's longest; with `tokens` > 0 (a packed layout's token budget,
+    micro_batch x the job's longest sequence) as many padded rows as fit in `tokens`, at least one.
+    The runtime pads instead of concatenating sequences, so where lengths vary a packed micro-batch
+    holds fewer sequences than packing would fit (docs/runtime.md)."""
+
+    rows: int = 64
+    tokens: int = 0
+
+    def rows_for(self, length: int) -> int:
+        """Rows per micro-batch for sequences padded to `length` tokens."""
+        if self.tokens > 0:
+            return max(1, self.tokens // max(1, length))
+        return max(1, self.rows)
+
+    @classmethod
+    def of(cls, layout, longest: int) -> MicroBatch:
+        """A stage's micro-batch from its parallel layout (`micro_batch`, `packing`) and the job's
+        longest sequence in tokens."""
+        return cls(rows=layout.micro_batch, tokens=layout.micro_batch * longest if layout.packing else 0)
+
+
+@dataclass(frozen=True, slots=True)
 class OptimConfig:
     lr: float = 1e-5
     weight_decay: float = 0.0
     warmup_steps: int = 0
     grad_clip: float = 1.0
-    micro_batch: int = 64  # sequences per forward/backward
+    micro_batch: MicroBatch | int = MicroBatch()  # per forward and backward of an update (an int: that many rows)
     temperature: float = 1.0
     vf_coef: float = 0.5  # value loss weight when the critic is a head on the actor
+    forward_batch: MicroBatch | int | None = None  # per forward-only pass (logprobs, values); None: micro_batch
+
+    def __post_init__(self) -> None:
+        rows = lambda m: MicroBatch(rows=m) if isinstance(m, int) else m  # noqa: E731
+        object.__setattr__(self, "micro_batch", rows(self.micro_batch))
+        object.__setattr__(self, "forward_batch", rows(self.forward_batch) if self.forward_batch is not None
+                           else self.micro_batch)
 
 
 class ValueHead(torch.nn.Module):
@@ -124,6 +155,10 @@ class Trainer:
     def _on_device(self, b: Batch) -> Batch:
         return b if self.device is None else b.to(self.device)
 
+    def _rows(self, b: Batch, forward: bool) -> int:
+        """Rows per micro-batch of `b`: the plan's micro-batch of the pass (forward-only or update)."""
+        return (self.optim.forward_batch if forward else self.optim.micro_batch).rows_for(b.input_ids.shape[1])
+
     def _forward(self, b: Batch, need_values: bool):
         """Logprobs and values of a micro-batch already on the trainer's device."""
         with autocast(self.device, self.bf16):
@@ -143,11 +178,11 @@ class Trainer:
         if self.pipe is not None:  # the pipeline's forward schedule; the last stage's logprobs on every stage
             b = self._on_device(b)
             logits = self.pipe.run(b.input_ids, b.attention_mask,
-                                   self.pipe.micro_batches(b.size, self.optim.micro_batch, train=False))
+                                   self.pipe.micro_batches(b.size, self._rows(b, forward=True), train=False))
             logp = None if logits is None else (self._next_logprobs(logits, b.input_ids[:, 1:]) * b.mask).cpu()
             return self.pipe.from_last(logp)
         outs = []
-        for idx in _chunks(b.size, self.optim.micro_batch):
+        for idx in _chunks(b.size, self._rows(b, forward=True)):
             mb = self._on_device(b.select(idx))
             logp, v = self._forward(mb, values)
             outs.append(((v if values else logp) * mb.mask).cpu())
@@ -183,7 +218,7 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         tokens = float(mini.mask.sum().clamp(min=1.0))
         metrics: dict[str, float] = {}
-        for idx in _chunks(mini.size, self.optim.micro_batch):
+        for idx in _chunks(mini.size, self._rows(mini, forward=False)):
             mb = self._on_device(mini.select(idx))
             # the losses aggregate over the mini-batch: weight each micro-batch by its share
             share = float(mb.mask.sum()) / tokens if self.config.loss_agg == "token-mean" else len(idx) / mini.size
@@ -238,7 +273,7 @@ class Trainer:
             return pl * share
 
         calls: list[tuple[dict, float]] = []
-        n = self.pipe.micro_batches(mini.size, self.optim.micro_batch, train=True)
+        n = self.pipe.micro_batches(mini.size, self._rows(mini, forward=False), train=True)
         with autocast(self.device, self.bf16):
             self.pipe.run(mini.input_ids, mini.attention_mask, n, loss_fn, target)
         # the schedule's set-up first calls the loss once on placeholder outputs (to learn the gradients'
@@ -350,4 +385,4 @@ def _accumulate(metrics: dict[str, float], new: dict, share: float) -> None:
         metrics[k] = metrics.get(k, 0.0) + float(v) * share
 
 
-__all__ = ["OptimConfig", "Trainer", "ValueHead"]
+__all__ = ["MicroBatch", "OptimConfig", "Trainer", "ValueHead"]

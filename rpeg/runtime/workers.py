@@ -21,7 +21,7 @@ from rpeg.graph.config import AlgoConfig
 from rpeg.runtime.batch import Batch
 from rpeg.runtime.models import autocast
 from rpeg.runtime.rollout import HFEngine, SamplingParams
-from rpeg.runtime.trainer import OptimConfig, Trainer
+from rpeg.runtime.trainer import MicroBatch, OptimConfig, Trainer
 
 
 class _Where:
@@ -189,13 +189,13 @@ class TrainerWorker(_Where):
 class InferenceWorker(_Where):
     """A frozen model's forward pass: reference logprobs."""
 
-    def __init__(self, model_path: str, threads: int = 0, temperature: float = 1.0, micro_batch: int = 64,
-                 device: str = "cpu"):
+    def __init__(self, model_path: str, threads: int = 0, temperature: float = 1.0,
+                 micro_batch: MicroBatch | int = 64, device: str = "cpu"):
         _threads(threads)
         dev = _on(device)
         model, _ = _load(model_path)
         self.trainer = Trainer(model.eval(), AlgoConfig(adv_estimator="grpo"),
-                               OptimConfig(temperature=temperature, micro_batch=micro_batch), lm=True, device=dev,
+                               OptimConfig(temperature=temperature, forward_batch=micro_batch), lm=True, device=dev,
                                bf16=dev is not None)
 
     def logprobs(self, batch: Batch):
@@ -205,7 +205,7 @@ class InferenceWorker(_Where):
 class RewardWorker(_Where):
     """A reward model (a sequence-classification head with one label) scoring whole sequences."""
 
-    def __init__(self, model_path: str, threads: int = 0, micro_batch: int = 64, device: str = "cpu"):
+    def __init__(self, model_path: str, threads: int = 0, micro_batch: MicroBatch | int = 64, device: str = "cpu"):
         from rpeg.runtime.models import load_reward
 
         _threads(threads)
@@ -213,7 +213,7 @@ class RewardWorker(_Where):
         self.model, self.tok = load_reward(model_path)
         if self.device:
             self.model = self.model.to(self.device)
-        self.micro_batch = max(1, micro_batch)
+        self.micro_batch = MicroBatch(rows=micro_batch) if isinstance(micro_batch, int) else micro_batch
 
     @torch.no_grad()
     def score(self, texts: list[str]):
@@ -221,8 +221,11 @@ class RewardWorker(_Where):
         reward model's own tokenizer, as systems do when the two tokenizers differ)."""
         t = time.time()
         out = []
-        for i in range(0, len(texts), self.micro_batch):
-            enc = self.tok(texts[i:i + self.micro_batch], return_tensors="pt", padding=True, add_special_tokens=False)
+        # the plan's micro-batch: a token budget counts the texts as the reward model tokenizes them
+        length = max((len(ids) for ids in self.tok(texts, add_special_tokens=False)["input_ids"]), default=1)
+        rows = self.micro_batch.rows_for(length)
+        for i in range(0, len(texts), rows):
+            enc = self.tok(texts[i:i + rows], return_tensors="pt", padding=True, add_special_tokens=False)
             if self.device:
                 enc = enc.to(self.device)
             with autocast(self.device, self.device is not None):
@@ -237,7 +240,8 @@ class ColocatedWorker(_Where):
     each weight sync, and generates its share of the prompts."""
 
     def __init__(self, model_path: str, config: AlgoConfig, optim: OptimConfig, *, reference: bool, critic: bool,
-                 shared_value: bool, threads: int = 0, deterministic: bool = True, seed: int = 0,
+                 shared_value: bool, ref_optim: OptimConfig | None = None, critic_optim: OptimConfig | None = None,
+                 threads: int = 0, deterministic: bool = True, seed: int = 0,
                  engine: str = "hf", engine_memory: float = 0.4, engine_kv_cache_mib: int = 0, rank: int = 0,
                  world: int = 1, master: str = "", device: str = "cpu"):
         _threads(threads)
@@ -264,8 +268,8 @@ class ColocatedWorker(_Where):
         self.engine = _engine(engine, own, tok, model_path, seed=seed, threads=threads, memory=engine_memory,
                               kv_mib=engine_kv_cache_mib, device=dev, sleep=self.sleeps)
         self.shares_model = isinstance(self.engine, HFEngine) and not sharded
-        self.ref = Trainer(_load(model_path)[0].eval(), config, optim, lm=True, **on) if reference else None
-        self.critic = Trainer(_load(model_path)[0], config, optim, lm=False, value=True, shard=sharded,
+        self.ref = Trainer(_load(model_path)[0].eval(), config, ref_optim or optim, lm=True, **on) if reference else None
+        self.critic = Trainer(_load(model_path)[0], config, critic_optim or optim, lm=False, value=True, shard=sharded,
                               **on) if critic else None
 
     def generate(self, prompts, params: SamplingParams, seed: int):

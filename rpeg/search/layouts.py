@@ -35,6 +35,9 @@ class LayoutOptions:
     expert_parallel: bool = True
     sequence_parallel: bool = True
     max_pp: int = 16
+    # what one micro-batch of a training or forward pass holds (ParallelLayout.micro_batch, packing)
+    micro_batch: int = 1
+    packing: bool = True
 
 
 @dataclass
@@ -88,7 +91,8 @@ def candidates(graph: Graph, stage: Stage, devices: int, node: int, opts: Layout
                         for rec in recs:
                             sp = opts.sequence_parallel and tp > 1 and (train or infer)
                             out.append(ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, recompute=rec,
-                                                      sequence_parallel=sp, pp_uneven=bool(spec.layers % pp)))
+                                                      sequence_parallel=sp, pp_uneven=bool(spec.layers % pp),
+                                                      micro_batch=opts.micro_batch, packing=opts.packing))
     return out
 
 

@@ -25,10 +25,18 @@ def job(mini_batches=2):
                mini_batches=mini_batches)
 
 
+MICRO = {"micro_batch": 64, "packing": False}  # the runtime's micro-batch, stated in the plan's layouts
+
+
+def lay(g, stage: str, **layout):
+    """`parallelize` with 64-row micro-batches unless the layout says otherwise."""
+    return parallelize(g, stage, **(MICRO | layout))
+
+
 def laid_out(g):
     for s in g.stages:
         if s.model and s.kind.value != "sync":
-            g = parallelize(g, s.name, dp=1)
+            g = lay(g, s.name, dp=1)
     return g
 
 
@@ -155,7 +163,7 @@ def test_async_disaggregated_records_staleness(tmp_path):
     g = place(g, {"gen": 1, "train": 1}, {"generate": "gen"}, default="train")
     for s in g.stages:
         if s.model and s.kind.value != "sync":
-            g = parallelize(g, s.name, dp=1)
+            g = lay(g, s.name, dp=1)
     result = run(g, rt(tmp_path, steps=3), progress=False)
     assert max(m["staleness_max"] for m in result.metrics) == 1  # step t+1 sampled with step t's weights
     assert result.metrics[0]["staleness_max"] == 0
@@ -177,7 +185,7 @@ def test_plans_the_runtime_cannot_honour_are_refused(tmp_path):
     two = colocate(build_graph("grpo", job(), Models(actor=TINY)), 2)
     for s in two.stages:
         if s.model and s.kind.value != "sync":
-            two = parallelize(two, s.name, dp=1, tp=2)
+            two = lay(two, s.name, dp=1, tp=2)
     with pytest.raises(RpegError, match="colocated plan runs one process per device.*data parallelism only"):
         run(two, rt(tmp_path), progress=False)
     apart = place(build_graph("remax", job(), Models(actor=TINY)), {"gen": 1, "greedy": 1, "train": 1},
@@ -193,9 +201,9 @@ def test_tensor_parallel_training_group(tmp_path):
     """Generation on one device, training and logprobs tensor-parallel over two (DTensor)."""
     g = build_graph("grpo", job(), Models(actor=TINY), kl_coef=0.0)
     g = place(g, {"gen": 1, "train": 2}, {"generate": "gen"}, default="train")
-    g = parallelize(g, "generate", dp=1)
+    g = lay(g, "generate", dp=1)
     for name in ("actor_logprobs", "actor_update"):
-        g = parallelize(g, name, dp=1, tp=2)
+        g = lay(g, name, dp=1, tp=2)
     result = run(g, rt(tmp_path, steps=2), progress=False)
     assert len(result.metrics) == 2 and all(m["grad_norm"] >= 0 and "pg_loss" in m for m in result.metrics)
     updates = [r for r in result.timeline.records if r.unit == "actor_update"]
@@ -216,7 +224,7 @@ def test_a_colocated_plan_on_two_devices_shards_training_and_splits_generation(t
     g = colocate(build_graph("grpo", job(), Models(actor=TINY), kl_coef=0.04), 2)
     for s in g.stages:
         if s.model and s.kind.value != "sync":
-            g = parallelize(g, s.name, dp=2, **({"zero": 3} if s.kind.value == "train" else {}))
+            g = lay(g, s.name, dp=2, **({"zero": 3} if s.kind.value == "train" else {}))
     result = run(g, rt(tmp_path, steps=3), progress=False)
     assert len(result.metrics) == 3 and all("kl_ref" in m for m in result.metrics)
     # after every sync the engines' logprobs of their samples are the sharded trainer's: each rank's
@@ -243,9 +251,9 @@ def test_tensor_parallel_generation_engine(tmp_path):
     a third: after each weight sync the engine's logprobs of its samples are the trainer's."""
     g = build_graph("grpo", job(), Models(actor=TINY), kl_coef=0.0)
     g = place(g, {"gen": 2, "train": 1}, {"generate": "gen"}, default="train")
-    g = parallelize(g, "generate", dp=1, tp=2)
+    g = lay(g, "generate", dp=1, tp=2)
     for name in ("actor_logprobs", "actor_update"):
-        g = parallelize(g, name, dp=1)
+        g = lay(g, name, dp=1)
     result = run(g, rt(tmp_path, steps=2), progress=False)
     assert all(m["logprob_gap_max"] < 1e-4 for m in result.metrics), [m["logprob_gap_max"] for m in result.metrics]
     assert all(r.devices == (0, 2) for r in result.timeline.records if r.unit == "generate")
@@ -257,16 +265,16 @@ def test_pipeline_parallel_training_group(tmp_path):
     the union of the stages'), and a resumed pipeline run continues from its checkpoint."""
     g = build_graph("grpo", job(), Models(actor=TINY), kl_coef=0.0)
     g = place(g, {"gen": 1, "train": 2}, {"generate": "gen"}, default="train")
-    g = parallelize(g, "generate", dp=1)
+    g = lay(g, "generate", dp=1)
     for name in ("actor_logprobs", "actor_update"):
-        g = parallelize(g, name, dp=1, pp=2)
-    result = run(g, rt(tmp_path, steps=2, micro_batch=8), progress=False)
+        g = lay(g, name, dp=1, pp=2, micro_batch=8)
+    result = run(g, rt(tmp_path, steps=2), progress=False)
     assert all(m["logprob_gap_max"] < 1e-4 for m in result.metrics), [m["logprob_gap_max"] for m in result.metrics]
     assert any(m["grad_norm"] > 0 for m in result.metrics)
     assert all(r.devices == (1, 2) for r in result.timeline.records if r.unit == "actor_update")
-    more = run(g, rt(tmp_path, steps=3, micro_batch=8), resume=True, progress=False)
+    more = run(g, rt(tmp_path, steps=3), resume=True, progress=False)
     assert [m["step"] for m in more.metrics] == [1, 2, 3]
-    gpipe = run(g, rt(tmp_path / "g", steps=1, micro_batch=8, pp_schedule="gpipe"), progress=False)
+    gpipe = run(g, rt(tmp_path / "g", steps=1, pp_schedule="gpipe"), progress=False)
     assert gpipe.metrics[0]["logprob_gap_max"] < 1e-4
 
 
@@ -277,7 +285,7 @@ def test_a_data_parallel_reference_runs_a_copy_per_device_and_other_layouts_are_
     g = place(g, {"gen": 1, "train": 1, "ref": 2}, {"generate": "gen", "ref_logprobs": "ref"}, default="train")
     for s in g.stages:
         if s.model and s.kind.value != "sync":
-            g = parallelize(g, s.name, dp=g.group(s.group).count)
+            g = lay(g, s.name, dp=g.group(s.group).count)
     result = run(g, rt(tmp_path, steps=2), progress=False)
     assert all(m["kl_ref"] == m["kl_ref"] for m in result.metrics)  # computed (not NaN)
     assert all(r.devices == (2, 2) for r in result.timeline.records if r.unit == "ref_logprobs")
@@ -297,7 +305,7 @@ def test_a_data_parallel_reference_runs_a_copy_per_device_and_other_layouts_are_
     finally:
         ray.shutdown()
     with pytest.raises(RpegError, match="reference data parallel"):
-        run(parallelize(g, "ref_logprobs", dp=1, tp=2), rt(tmp_path / "b"), progress=False)
+        run(lay(g, "ref_logprobs", dp=1, tp=2), rt(tmp_path / "b"), progress=False)
 
 
 def test_cuda_without_a_gpu_is_refused_before_anything_starts(tmp_path):

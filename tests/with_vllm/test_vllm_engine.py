@@ -133,7 +133,7 @@ def _plan(disaggregated: bool):
     g = place(g, {"gen": 1, "train": 1}, {"generate": "gen"}, default="train") if disaggregated else colocate(g, 1)
     for s in g.stages:
         if s.model and s.kind.value != "sync":
-            g = parallelize(g, s.name, dp=1)
+            g = parallelize(g, s.name, dp=1, micro_batch=64, packing=False)
     return g
 
 

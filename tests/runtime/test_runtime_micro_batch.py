@@ -1,0 +1,58 @@
+"""The runtime runs the plan's micro-batches: each pass takes as many rows per forward (and backward)
+call as its stage's layout says (`micro_batch` padded rows, or a packed layout's token budget), so
+the prediction and the run count the same calls."""
+
+from __future__ import annotations
+
+import torch
+
+from rpeg.algorithms import Models, build_graph
+from rpeg.graph.config import AlgoConfig
+from rpeg.graph.layout import ParallelLayout
+from rpeg.passes import colocate
+from rpeg.runtime.batch import build_batch
+from rpeg.runtime.models import build_tiny, load
+from rpeg.runtime.roles import micro_batch, optim_configs, step_stages
+from rpeg.runtime.trainer import MicroBatch, OptimConfig, Trainer
+from tests.runtime.test_runtime_e2e import TINY, job, lay, rt
+
+
+def test_a_layout_gives_rows_or_a_token_budget():
+    assert MicroBatch.of(ParallelLayout(micro_batch=8, packing=False), longest=20) == MicroBatch(rows=8)
+    packed = MicroBatch.of(ParallelLayout(micro_batch=3), longest=20)  # packing: 3 x 20 tokens a call
+    assert packed == MicroBatch(rows=3, tokens=60)
+    assert [packed.rows_for(n) for n in (10, 20, 21, 61)] == [6, 3, 2, 1]  # at least one row, however long
+    assert MicroBatch(rows=8).rows_for(1000) == 8
+    assert OptimConfig(micro_batch=5).micro_batch == OptimConfig(micro_batch=5).forward_batch == MicroBatch(rows=5)
+
+
+def test_each_role_takes_its_own_stages_micro_batch(tmp_path):
+    g = colocate(build_graph("ppo", job(), Models(actor=TINY)), 1)
+    sizes = {"actor_logprobs": 2, "actor_update": 3, "ref_logprobs": 5, "critic_values": 7, "critic_update": 11}
+    for s in g.stages:
+        if s.model and s.kind.value != "sync":
+            g = lay(g, s.name, dp=1, micro_batch=sizes.get(s.name, 1))
+    actor, ref, critic = optim_configs(g, step_stages(g), rt(tmp_path))
+    assert (actor.forward_batch.rows, actor.micro_batch.rows) == (2, 3)
+    assert ref.forward_batch.rows == 5
+    assert (critic.forward_batch.rows, critic.micro_batch.rows) == (7, 11)
+    assert micro_batch(g, "actor_update").tokens == 0  # the test layouts pad (packing false)
+
+
+def test_the_trainer_calls_the_model_once_per_planned_micro_batch(tmp_path):
+    path = build_tiny(str(tmp_path / "tiny"))
+    model, tok = load(path)
+    prompts = [tok("12+7=", add_special_tokens=False)["input_ids"]] * 6
+    batch = build_batch(prompts, [[5, 6, 7]] * 6, [[-1.0] * 3] * 6, [0, 0, 0, 1, 1, 1], [0] * 6, tok.pad_token_id)
+    calls = []
+    model.register_forward_pre_hook(lambda mod, args, kw: calls.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    length = batch.input_ids.shape[1]
+    trainer = Trainer(model, AlgoConfig(adv_estimator="grpo"),
+                      OptimConfig(micro_batch=MicroBatch(rows=1, tokens=2 * length), forward_batch=4))
+    logp = trainer.logprobs(batch)
+    assert calls == [4, 2]  # forward: 4 rows a call
+    calls.clear()
+    batch.extras["old_logprobs"] = logp
+    batch.extras["advantages"] = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0, -1.0])[:, None].expand_as(batch.mask).clone()
+    trainer.train(batch, epochs=1, mini_batches=1, seed=0)
+    assert calls == [2, 2, 2]  # update: a token budget of two padded rows
