@@ -246,6 +246,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     else:
         dev, what = calibrate(path, args.seconds, args.devices), "written to"
     each = f" as {args.devices} devices, each" if args.devices > 1 else ""
+    layer = (f", a torch decoder layer's forward {dev.layer_host_s * 1e6:.0f} us a call + "
+             f"{dev.layer_token_s * 1e6:.2f} us a token" if dev.layer_token_s else "")
     print(f"cpu-local{each}: {dev.bf16_flop_per_s / 1e9:.1f} GFLOP/s matmul, {dev.hbm_bandwidth_bytes_per_s / 1e9:.1f} "
-          f"GB/s memory, {dev.hbm_capacity_bytes / 1e9:.1f} GB; {what} {path}")
+          f"GB/s memory, {dev.hbm_capacity_bytes / 1e9:.1f} GB{layer}; {what} {path}")
     return 0

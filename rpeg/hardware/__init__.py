@@ -20,11 +20,15 @@ Device file (units in the key names; loading converts to SI):
     hbm_capacity_mib: 81559           # as the device reports it (nvidia-smi / rocm-smi total)
     hbm_bandwidth_gb_per_s: 3350
     scaleup_bandwidth_gb_per_s: 450   # NVLink/xGMI per direction; 0 for none
+    layer_host_us: 650                # optional (cpu-local: `rpeg calibrate` measures them): a decoder
+    layer_token_us: 3.1               # layer's forward in torch eager, fixed host time per call and
+                                      # time per token beyond its FLOPs at the matmul rate
     sources:                          # every figure key above -> where it comes from
       bf16_dense_tflop_per_s: "NVIDIA H100 Tensor Core GPU datasheet (2023): ..."
 
 Units: FLOP/s in `gflop_per_s`, `tflop_per_s` or `pflop_per_s`; capacity in `gb` (1e9 B), `gib`
-or `mib`; bandwidth in `gb_per_s`, `tb_per_s` or `gbit_per_s`. Exactly one unit per figure.
+or `mib`; bandwidth in `gb_per_s`, `tb_per_s` or `gbit_per_s`; time in `us`. Exactly one unit per
+figure.
 
 Cluster file:
 

@@ -6,7 +6,18 @@
   file says so; fp8 is 0 (unsupported);
 - a copy of a large float64 array (`np.copyto`; bytes read + bytes written over the time of the
   best run): the memory bandwidth;
-- total RAM from `os.sysconf` as the "HBM" capacity (a CPU's memory is its RAM).
+- total RAM from `os.sysconf` as the "HBM" capacity (a CPU's memory is its RAM);
+- a transformer layer as PyTorch eager runs it here, which the matmul rate alone understates (a
+  fixed per-op host cost; elementwise ops and the attention kernel that cost per token at small
+  widths): `layer_host_us`, the fixed host time of one decoder layer's forward per call, and
+  `layer_token_us`, its time per token beyond its FLOPs at the matmul rate measured above.
+  `python -m rpeg.runtime.probe` measures them in a subprocess (this package never imports
+  torch): a 2-layer Qwen2 of random weights, forward over 16-token rows at 2 and 32 rows, a line
+  through the two times (see that module). The probe's budget is a third of `seconds`, at
+  least PROBE_MIN_S, on top of the numpy measurements; starting torch adds a few seconds more.
+  Without torch in this interpreter, or if the probe fails, the file goes without these two
+  figures (planning on cpu-local then uses the generic host-time figures) and a line on stderr
+  says why.
 
 It writes them, in the device file schema with how each was measured (the command, the date,
 the numpy version) as its source, to `$RPEG_CACHE_DIR/cpu-local.yaml` (default
@@ -17,8 +28,8 @@ run `rpeg calibrate`. Nothing here runs at import time.
 Several devices on one machine (`--devices D`, D > 1): the runtime runs a plan for D devices as D
 worker processes that share this machine's cores (each with cores // D threads), so a device's
 rate is what it reaches while the other D - 1 run too. D processes, each with that many threads,
-start together and time the same matmul and copy; a device's figures are their mean (the
-spread is in the source), its memory RAM / D. They go to `cpu-local-x{D}.yaml` beside
+start together and time the same matmul and copy (then the layer probe, D processes at once);
+a device's figures are their mean (the spread is in the source), its memory RAM / D. They go to `cpu-local-x{D}.yaml` beside
 `cpu-local.yaml`; `load_cluster("cpu-local", D)` reads them and is an error until they exist.
 
 Measure (again): `rpeg calibrate [--seconds S] [--devices D]`.
@@ -27,8 +38,12 @@ Measure (again): `rpeg calibrate [--seconds S] [--devices D]`.
 from __future__ import annotations
 
 import datetime
+import importlib.util
+import json
+import math
 import os
 import pathlib
+import subprocess
 import sys
 import time
 
@@ -43,6 +58,10 @@ COPY_BYTES = 128 * 2**20  # per array; well past any last-level cache
 
 
 MAX_DEVICES = 64  # processes sharing one machine's cores; more is a typo, not a plan
+PROBE_MODULE = "rpeg.runtime.probe"  # run as `python -m`: torch stays out of this process
+PROBE_NEEDS = "torch"  # looked up with find_spec, never imported here
+PROBE_MIN_S = 1.5  # the probe's least budget: a few dozen 32-row forwards
+PROBE_START_S = 120  # the probe's allowance beyond its budget: starting torch, building the model
 
 
 def calibrate(path: str | os.PathLike | None = None, seconds: float = 2.0, devices: int = 1) -> Device:
@@ -60,13 +79,13 @@ def calibrate(path: str | os.PathLike | None = None, seconds: float = 2.0, devic
     call = f"seconds={seconds:g}" + (f", devices={devices}" if devices > 1 else "")
     how = (f"measured {when} by rpeg.hardware.calibrate.calibrate({call}) "
            f"(`rpeg calibrate`), numpy {np.__version__}, Python {sys.version.split()[0]}")
+    threads = cores if devices == 1 else max(1, cores // devices)
     if devices == 1:
         flop_per_s, matmul_runs = _matmul_flop_per_s(np, 0.6 * seconds)
         bytes_per_s, copy_runs = _copy_bytes_per_s(np, 0.4 * seconds)
         shared = ""
         description = f"this machine's CPU ({cores} logical cores), measured"
     else:
-        threads = max(1, cores // devices)
         rates = _concurrent(devices, threads, seconds)
         flop_per_s = sum(r[0] for r in rates) / devices
         bytes_per_s = sum(r[2] for r in rates) / devices
@@ -101,6 +120,8 @@ def calibrate(path: str | os.PathLike | None = None, seconds: float = 2.0, devic
             "scaleup_bandwidth_gb_per_s": "none: one CPU has no scale-up link (NVLink/xGMI); 0 means none",
         },
     }
+    probe = _run_probe(threads, max(PROBE_MIN_S, seconds / 3), devices, flop_per_s)
+    _add_layer_figures(data, probe, when, call)
     again = "`rpeg calibrate" + (f" --devices {devices}" if devices > 1 else "") + "`"
     header = (f"# cpu-local: this machine{f' as {devices} devices' if devices > 1 else ''}, as "
               f"rpeg.hardware.calibrate measured it. Delete this file, or run\n# {again}, to measure again. "
@@ -109,6 +130,65 @@ def calibrate(path: str | os.PathLike | None = None, seconds: float = 2.0, devic
     device = device_from_data(yaml.safe_load(text), str(path), default_name="cpu-local")
     _write(path, text)
     return device
+
+
+def _run_probe(threads: int, seconds: float, devices: int, flop_per_s: float) -> dict | None:
+    """The layer probe's JSON (rpeg.runtime.probe), or None, with one line on stderr saying why,
+    when torch is not importable or the probe fails."""
+    command = [sys.executable, "-m", PROBE_MODULE, "--threads", str(threads), "--seconds", f"{seconds:g}",
+               "--devices", str(devices), "--matmul-gflop-per-s", f"{flop_per_s / 1e9:.2f}"]
+    why = None
+    if importlib.util.find_spec(PROBE_NEEDS) is None:
+        why = f"{PROBE_NEEDS} is not importable in {sys.executable}"
+    else:
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, check=False,
+                                  timeout=PROBE_START_S + 4 * seconds)
+            if proc.returncode != 0:
+                last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+                why = f"the layer probe exited with {proc.returncode}: {last}"
+            else:
+                result = json.loads(proc.stdout)
+                host, token = result["layer_host_s"], result["layer_token_s"]
+                if math.isfinite(host + token) and round(host * 1e6, 1) > 0 and round(token * 1e6, 3) > 0:
+                    result["command"] = " ".join(["python"] + command[1:])
+                    return result
+                why = (f"the layer probe measured no usable fit (layer_host_s {host:g}, layer_token_s "
+                       f"{token:g}; a loaded machine?): {result.get('fit', '')}")
+        except subprocess.TimeoutExpired:
+            why = f"the layer probe took over {PROBE_START_S + 4 * seconds:g} s"
+        except (OSError, ValueError, KeyError, TypeError) as e:  # no JSON, or not the probe's
+            why = f"the layer probe's output is unreadable ({type(e).__name__}: {e})"
+    print(f"rpeg calibrate: no transformer-layer figures ({why}); planning on cpu-local will use the "
+          "generic host-time figures", file=sys.stderr)
+    return None
+
+
+def _add_layer_figures(data: dict, probe: dict | None, when: str, call: str) -> None:
+    """`layer_host_us` and `layer_token_us`, with their sources, before `sources`."""
+    if probe is None:
+        return
+    sources = data.pop("sources")
+    dims = ", ".join(f"{k} {v}" for k, v in probe["dims"].items())
+    (r1, r2), (t1, t2) = probe["rows"], probe["times_s"]
+    how = (f"measured {when} by rpeg.hardware.calibrate.calibrate({call}) running `{probe['command']}`, torch "
+           f"{probe['torch']}, {probe['threads']} thread(s): a Qwen2ForCausalLM of random weights ({dims}; fp32, "
+           f"sdpa, eval, no_grad), forward over {probe['seq']}-token rows, best of repeated runs: {r1} rows "
+           f"{t1 * 1e3:.3f} ms, {r2} rows {t2 * 1e3:.3f} ms; {probe['fit']}")
+    spread = probe.get("spread")
+    if spread:
+        (h0, h1), (f0, f1) = spread["layer_host_s"], spread["layer_token_s"]
+        how += (f"; one of {probe['devices']} processes, all measuring at once, the mean of theirs (host "
+                f"{h0 * 1e6:.1f}-{h1 * 1e6:.1f} us, per token {f0 * 1e6:.3f}-{f1 * 1e6:.3f} us; the times are means)")
+    data["layer_host_us"] = round(probe["layer_host_s"] * 1e6, 1)
+    data["layer_token_us"] = round(probe["layer_token_s"] * 1e6, 3)
+    units = probe["units"]
+    sources["layer_host_us"] = (f"{how}. The fixed time a over {units} units: the model's "
+                                f"{units - 1} layers and one for the model call and the output head (a / {units})")
+    sources["layer_token_us"] = (f"{how}. The time per row b less the row's FLOPs ({probe['flops_per_row'] / 1e6:.2f} "
+                                 f"MFLOP as the perf model counts them, the head's included) at the matmul rate "
+                                 f"above, per token and unit ((b - FLOPs / rate) / ({probe['seq']} x {units}))")
+    data["sources"] = sources
 
 
 def _concurrent(devices: int, threads: int, seconds: float) -> list[tuple[float, int, float, int]]:

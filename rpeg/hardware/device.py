@@ -10,6 +10,8 @@ Conventions every file follows:
   "VRAM Total Memory"), not the datasheet's round number: an H100 80GB reports 81559 MiB
   (85.52e9 bytes). It is what the allocator can see before the framework takes its share.
 - Bandwidths are per device, per direction (NVLink 4's "900 GB/s" is 450 GB/s each way).
+- The transformer-layer figures (`layer_host_us`, `layer_token_us`) are optional:
+  `rpeg calibrate` measures them on cpu-local only (rpeg.hardware.calibrate); no preset has them.
 """
 
 from __future__ import annotations
@@ -28,9 +30,13 @@ FIGURES = {
     "hbm_capacity": "hbm_capacity_bytes",
     "hbm_bandwidth": "hbm_bandwidth_bytes_per_s",
     "scaleup_bandwidth": "scaleup_bandwidth_bytes_per_s",
+    "layer_host": "layer_host_s",
+    "layer_token": "layer_token_s",
 }
 # The figures that may be 0: a dtype the device lacks, a device without a scale-up link.
 MAY_BE_ZERO = ("fp16_dense", "fp8_dense", "scaleup_bandwidth")
+# The figures a file may leave out (then 0 on the Device: not measured); positive when given.
+OPTIONAL = ("layer_host", "layer_token")
 
 # Unit suffix -> (quantity, multiplier, divisor) to SI; two factors so that 5 us is exactly 5e-6 s
 # and 400 Gb/s exactly 5e10 B/s.
@@ -47,7 +53,8 @@ UNITS = {
     "us": ("time", 1, 1e6),
 }
 QUANTITY = {"bf16_dense": "rate", "fp16_dense": "rate", "fp8_dense": "rate", "hbm_capacity": "bytes",
-            "hbm_bandwidth": "bandwidth", "scaleup_bandwidth": "bandwidth"}
+            "hbm_bandwidth": "bandwidth", "scaleup_bandwidth": "bandwidth", "layer_host": "time",
+            "layer_token": "time"}
 
 
 def to_si(value: float, unit: str) -> float:
@@ -70,7 +77,14 @@ HOSTS = ("x86", "grace")  # host CPUs the model knows (rpeg.perf.efficiency.HOST
 class Device:
     """One device. Bandwidths are per device, per direction. `scaleup` is the NVLink / xGMI
     bandwidth a device has to its scale-up domain (0 for none); NIC bandwidth belongs to the
-    system the device is built into, so it lives with the cluster's levels."""
+    system the device is built into, so it lives with the cluster's levels.
+
+    `layer_host_s` and `layer_token_s` are a transformer decoder layer's forward as PyTorch eager
+    runs it: the fixed host time per call (micro-batch), and the time per token beyond the layer's
+    FLOPs at the device's matmul rate (its elementwise ops and the attention kernel, which on a CPU
+    cost per token at small widths). They are measured on cpu-local only (`rpeg calibrate`); where
+    given (> 0) the perf model uses them for a layer's forward instead of the generic
+    attention/elementwise roofline and kernel-launch terms. 0: not measured."""
 
     name: str
     kind: Literal["gpu", "cpu"]
@@ -83,15 +97,17 @@ class Device:
     sources: tuple[tuple[str, str], ...]  # (figure key as written in the file, where it comes from)
     description: str = ""
     host: Literal["x86", "grace"] = "x86"  # the CPU that drives it (launches, engine scheduling)
+    layer_host_s: float = 0.0  # fixed host time of one decoder layer's forward per call; 0: not measured
+    layer_token_s: float = 0.0  # a decoder layer's forward time per token beyond its FLOPs; 0: not measured
 
     def __post_init__(self) -> None:
         bad = [f for f in ("bf16_flop_per_s", "hbm_capacity_bytes", "hbm_bandwidth_bytes_per_s")
                if not getattr(self, f) > 0]
-        bad += [f for f in ("fp16_flop_per_s", "fp8_flop_per_s", "scaleup_bandwidth_bytes_per_s")
-                if not getattr(self, f) >= 0]
+        bad += [f for f in ("fp16_flop_per_s", "fp8_flop_per_s", "scaleup_bandwidth_bytes_per_s", "layer_host_s",
+                            "layer_token_s") if not getattr(self, f) >= 0]
         if bad:
             raise RpegError(f"device {self.name!r}: {', '.join(bad)} must be positive "
-                            f"(fp16, fp8 and scale-up may be 0: unsupported)")
+                            f"(fp16, fp8 and scale-up may be 0: unsupported; the layer figures 0: not measured)")
         if self.host not in HOSTS:
             raise RpegError(f"device {self.name!r}: host {self.host!r} is not one of {', '.join(map(repr, HOSTS))}")
 

@@ -15,7 +15,7 @@ from typing import Any, get_args
 
 from rpeg.errors import RpegError
 from rpeg.graph.serde import parse_yaml, read_yaml_file
-from rpeg.hardware.device import FIGURES, HOSTS, MAY_BE_ZERO, QUANTITY, UNITS, Device, split_unit, to_si
+from rpeg.hardware.device import FIGURES, HOSTS, MAY_BE_ZERO, OPTIONAL, QUANTITY, UNITS, Device, split_unit, to_si
 from rpeg.hardware.topology import Cluster, Level, Link
 
 CPU_LOCAL = "cpu-local"  # measured on this machine by `rpeg calibrate`, not read from a preset
@@ -98,10 +98,10 @@ def device_from_data(data: Any, where: str, default_name: str = "") -> Device:
             raise RpegError(f"{where}: {key}: {figure} is already given as {figures[figure][0]}")
         number = _number(value, f"{where}: {key}", zero_ok=figure in MAY_BE_ZERO)
         figures[figure] = (key, to_si(number, unit))
-    missing = [f for f in FIGURES if f not in figures]
+    missing = [f for f in FIGURES if f not in figures and f not in OPTIONAL]
     if missing:
         raise RpegError(f"{where}: missing {', '.join(f + '_<unit>' for f in missing)} "
-                        f"(every device states {', '.join(FIGURES)})")
+                        f"(every device states {', '.join(f for f in FIGURES if f not in OPTIONAL)})")
     host = data.get("host", "x86")
     if host not in HOSTS:
         raise RpegError(f"{where}: host: {_show(host)} is not one of {', '.join(map(repr, HOSTS))}")
@@ -307,7 +307,7 @@ def _units_text() -> str:
     by_quantity: dict[str, list[str]] = {}
     for unit, (quantity, _, _) in UNITS.items():
         by_quantity.setdefault(quantity, []).append(unit)
-    return "; ".join(f"{q} {'|'.join(us)}" for q, us in by_quantity.items() if q != "time")
+    return "; ".join(f"{q} {'|'.join(us)}" for q, us in by_quantity.items())
 
 
 def _show(value: Any) -> str:

@@ -8,7 +8,7 @@ document still says the same, so the documentation cannot drift from the data fi
 
 from __future__ import annotations
 
-from rpeg.hardware.device import FIGURES, Device
+from rpeg.hardware.device import FIGURES, OPTIONAL, Device
 from rpeg.hardware.topology import Cluster
 
 
@@ -31,6 +31,8 @@ def device_sources(devices: list[Device]) -> str:
     rows = ["| device | figure | source |", "|---|---|---|"]
     for d in devices:
         for figure in FIGURES:
+            if figure in OPTIONAL and not d.source(figure):
+                continue  # not measured for this device
             rows.append(f"| `{d.name}` | {figure} | {_cell(d.source(figure))} |")
         if d.source("host"):
             rows.append(f"| `{d.name}` | host | {_cell(d.source('host'))} |")

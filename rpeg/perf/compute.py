@@ -5,6 +5,10 @@ HBM efficiency)). That is the "curve over operation size": a prefill or training
 thousands of tokens is compute-bound, a decode step of a few hundred tokens reads the weights
 and the KV cache and is memory-bound, with no per-case factor.
 
+Where the device file holds measured eager-PyTorch layer figures (cpu-local, `rpeg calibrate`'s probe),
+a layer's forward is its FLOPs at the matmul rate plus a measured time per token (`_eager`): on a
+CPU the attention kernel and the elementwise ops of a small layer do not follow the GPU rooflines.
+
 Shapes per device: tensor parallelism splits heads and MLP width by `tp`; with sequence
 parallelism the elementwise work is split too; expert parallelism splits the experts by `ep`.
 """
@@ -120,8 +124,27 @@ def layer_forward(spec: ModelSpec, device: Device, *, tokens: float, context: fl
     if not sp:
         elem_bytes += BF16 * tokens * 2 * 4 * spec.hidden * (1 - 1 / tp)  # norms/residuals replicated over tp
     elementwise_s = elem_bytes / bw
-    return LayerTime(gemm_s, attention_s, elementwise_s, gemm_flops + attn_flops,
-                     weight_bytes + act_bytes + kv_bytes + score_bytes + elem_bytes)
+    flops, traffic = gemm_flops + attn_flops, weight_bytes + act_bytes + kv_bytes + score_bytes + elem_bytes
+    if device.layer_token_s > 0:
+        return _eager(device, tokens, flops, traffic, gemm_rate, bw)
+    return LayerTime(gemm_s, attention_s, elementwise_s, flops, traffic)
+
+
+def _eager(device: Device, tokens: float, flops: float, traffic: float, rate: float, bw: float) -> LayerTime:
+    """A layer (or the head) as eager PyTorch runs it where that was measured (cpu-local: `rpeg
+    calibrate`'s probe): its FLOPs at the matmul rate (GEMM_ROWS curve; or its traffic at the memory
+    bandwidth if that is longer: a large model's decode step), plus the measured time per token of the
+    elementwise ops and the attention kernel, which on a CPU cost per token at small widths."""
+    gemm_s = max(flops / (rate * rows_efficiency(tokens, device.kind)), traffic / bw)
+    return LayerTime(gemm_s, 0.0, tokens * device.layer_token_s, flops, traffic)
+
+
+def eager_host_s(device: Device, layers: float) -> float:
+    """Host time of one eager forward call through `layers` decoder layers where it was measured
+    (cpu-local's `layer_host_us`: the dispatcher and Python time of a layer's forward, per call; the
+    model call and its output head count as one layer more); 0 elsewhere (GPU devices: the
+    kernel-launch terms of perf.training and the engine's step overhead)."""
+    return device.layer_host_s * (layers + 1) if device.layer_host_s > 0 else 0.0
 
 
 def head_forward(spec: ModelSpec, device: Device, *, tokens: float, tp: int = 1, dtype: str = "bf16",
@@ -132,4 +155,6 @@ def head_forward(spec: ModelSpec, device: Device, *, tokens: float, tp: int = 1,
     weight_bytes = BF16 * spec.vocab * spec.hidden / tp
     logits_bytes = 4 * tokens * spec.vocab / tp * 2  # fp32 logits written and read by the log-softmax
     gemm_s = max(flops / gemm_rate, (weight_bytes + BF16 * tokens * spec.hidden) / bw)
+    if device.layer_token_s > 0:
+        return _eager(device, tokens, flops, weight_bytes + logits_bytes, gemm_rate, bw)
     return LayerTime(gemm_s, 0.0, logits_bytes / bw, flops, weight_bytes + logits_bytes)

@@ -32,7 +32,7 @@ from rpeg.graph.model import ModelSpec
 from rpeg.hardware.topology import Cluster
 from rpeg.perf import memory
 from rpeg.perf.collectives import Group, all_reduce_s
-from rpeg.perf.compute import BF16, head_forward, layer_forward
+from rpeg.perf.compute import BF16, eager_host_s, head_forward, layer_forward
 from rpeg.perf.cost import StageCost
 from rpeg.perf.efficiency import (DECODE_OVERHEAD_PER_SEQ_S, DECODE_STEP_OVERHEAD_S, KV_MEMORY_UTILIZATION,
                                   KV_MEMORY_UTILIZATION_COLOCATED, Factor, host_time)
@@ -102,6 +102,8 @@ class _StepModel:
             stage += layer_forward(spec, self.cluster.device, moe_layer=True, **kw).seconds * moe / pp
         stage += head_forward(spec, self.cluster.device, tokens=mb, tp=lay.tp, dtype=self.dtype, decode=True).seconds / pp
         comm = 2 * spec.layers / pp * all_reduce_s(self.cluster, mb * spec.hidden * BF16, Group(lay.tp, 1))
+        # an eager engine's host time per forward call, where measured (cpu-local)
+        stage += eager_host_s(self.cluster.device, spec.layers / pp)
         return pp * (stage + comm) + self.overhead(batch), pp * comm
 
 
@@ -115,6 +117,7 @@ def _prefill_s(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, tokens
     if spec.is_moe:
         t += layer_forward(spec, cluster.device, moe_layer=True, **kw).seconds * spec.moe_layers
     t += head_forward(spec, cluster.device, tokens=tokens / layout.pp, tp=layout.tp, dtype=dtype).seconds
+    t += eager_host_s(cluster.device, spec.layers)  # an eager engine's host time per call, where measured
     comm = 2 * spec.layers * all_reduce_s(cluster, tokens / layout.pp * spec.hidden * BF16, Group(layout.tp, 1))
     return t + comm
 

@@ -21,7 +21,7 @@ from rpeg.graph.model import ModelSpec
 from rpeg.hardware.topology import Cluster
 from rpeg.perf import memory
 from rpeg.perf.collectives import Group, all_reduce_s, all_to_all_s, p2p_s, reduce_scatter_s, all_gather_s
-from rpeg.perf.compute import BF16, LayerTime, head_forward, layer_forward
+from rpeg.perf.compute import BF16, LayerTime, eager_host_s, head_forward, layer_forward
 from rpeg.perf.cost import StageCost
 from rpeg.perf.efficiency import (DP_OVERLAP, HBM, KERNEL_LAUNCH_S, KERNELS_PER_LAYER, OPTIMIZER_BYTES_PER_PARAM,
                                   host_time)
@@ -73,7 +73,9 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
         fwd = fwd + layer_forward(spec, dev, moe_layer=True, **kw).scaled(moe_l * share)
     head = head_forward(spec, dev, tokens=tokens, tp=tp, dtype=work.dtype)
     layers_per_stage *= v
-    launch = KERNEL_LAUNCH_S.value * host_time(dev) * KERNELS_PER_LAYER * layers_per_stage
+    # per micro-batch on the host: measured per layer (cpu-local), else kernel launches
+    launch = eager_host_s(dev, layers_per_stage) or (KERNEL_LAUNCH_S.value * host_time(dev) * KERNELS_PER_LAYER
+                                                     * layers_per_stage)
 
     # communication per micro-batch on one stage
     act_bytes = tokens * spec.hidden * BF16

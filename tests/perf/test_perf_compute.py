@@ -142,3 +142,45 @@ def test_expert_parallelism_spreads_the_experts(h100, ep):
     assert one.bytes - spread.bytes == pytest.approx(saved, rel=1e-9)
     wider = layer_forward(MOE, h100, ep=2 * ep, **kw)
     assert wider.bytes < spread.bytes
+
+
+def _eager_cpu(host_us: float, token_us: float):
+    from dataclasses import replace
+
+    from rpeg.hardware import load_device
+
+    cpu = replace(load_device("h100-sxm"), name="box", kind="cpu", bf16_flop_per_s=200e9, hbm_bandwidth_bytes_per_s=25e9)
+    return cpu, replace(cpu, layer_host_s=host_us * 1e-6, layer_token_s=token_us * 1e-6)
+
+
+def test_measured_eager_figures_cost_a_layer_by_its_flops_and_its_tokens():
+    from rpeg.perf.compute import eager_host_s, head_forward
+
+    tiny = get_model("tiny-qwen2")
+    generic, eager = _eager_cpu(600, 3)
+    for tokens in (10, 640):
+        roof = layer_forward(tiny, generic, tokens=tokens, context=5.5)
+        t = layer_forward(tiny, eager, tokens=tokens, context=5.5)
+        assert t.flops == roof.flops and t.bytes == roof.bytes
+        rate = 200e9 * rows_efficiency(tokens, "cpu")
+        assert t.seconds == pytest.approx(max(t.flops / rate, t.bytes / 25e9) + tokens * 3e-6)
+        head = head_forward(tiny, eager, tokens=tokens)
+        assert head.seconds == pytest.approx(max(head.flops / rate, head.bytes / 25e9) + tokens * 3e-6)
+    assert eager_host_s(eager, 4) == pytest.approx(5 * 600e-6)  # four layers and one for the call and head
+    assert eager_host_s(generic, 4) == 0.0  # not measured (every GPU preset): the generic terms apply
+
+
+def test_a_forward_pass_on_measured_figures_pays_the_host_time_once_per_micro_batch():
+    from dataclasses import replace
+
+    from rpeg.graph.layout import ParallelLayout
+    from rpeg.perf.training import PassWorkload, pass_cost
+
+    tiny = get_model("tiny-qwen2")
+    _, eager = _eager_cpu(600, 3)
+    cluster = replace(load_cluster("dgx-h100", 1), device=eager)
+    work = PassWorkload(sequences=256, seq_len=10, attention_context=5.5, micro_batch=64, forward_only=True)
+    cost = pass_cost("logprobs", tiny, ParallelLayout(micro_batch=64, packing=False), cluster, work)
+    parts = dict(cost.parts)
+    assert parts["kernel launches"] == pytest.approx(4 * 5 * 600e-6)  # 4 micro-batches x (4 layers + 1)
+    assert cost.microbatches == 4
