@@ -79,7 +79,7 @@ def shapes(job, spec) -> dict:
         "streaming 4": lambda: _laid_out(stream(colocate(grpo(), 1), 4)),
         "split, streaming 4": lambda: stream(split(grpo()), 4),
         "colocated on 2 devices": lambda: _laid_out(colocate(grpo(), 2), {
-            "generate": {"dp": 2}, "actor_logprobs": {"dp": 2}, "actor_update": {"dp": 2, "zero": 3}}),
+            "generate": {"dp": 2}, "actor_logprobs": {"dp": 2, "zero": 3}, "actor_update": {"dp": 2, "zero": 3}}),
         "pipeline parallel 2": lambda: split(bound_asynchrony(grpo(), 1), {"devices": 2, "layout": {"pp": 2}}),
         "split, generation tp 2": lambda: split(bound_asynchrony(grpo(), 1), gen={"devices": 2, "layout": {"tp": 2}}),
     }

@@ -28,7 +28,9 @@ run `rpeg calibrate`. Nothing here runs at import time.
 Several devices on one machine (`--devices D`, D > 1): the runtime runs a plan for D devices as D
 worker processes that share this machine's cores (each with cores // D threads), so a device's
 rate is what it reaches while the other D - 1 run too. D processes, each with that many threads,
-start together and time the same matmul and copy (then the layer probe, D processes at once);
+start together and time the same matmul and copy (then the layer probe, D processes at once, and
+the loopback link between them: gloo all-reduces, written as the file's `loopback:` section, which
+`load_cluster("cpu-local", D)` takes for the system level instead of its assumed figures);
 a device's figures are their mean (the spread is in the source), its memory RAM / D. They go to `cpu-local-x{D}.yaml` beside
 `cpu-local.yaml`; `load_cluster("cpu-local", D)` reads them and is an error until they exist.
 
@@ -51,7 +53,7 @@ import yaml
 
 from rpeg.errors import RpegError
 from rpeg.hardware.device import Device
-from rpeg.hardware.loader import CACHE_ENV, CPU_LOCAL, cpu_local_path, device_from_data
+from rpeg.hardware.loader import CACHE_ENV, CPU_LOCAL, LOOPBACK, cpu_local_path, device_from_data
 
 MATMUL_N = 1024  # 2.1 GFLOP a run: tens of ms on a laptop core, so several runs fit the budget
 COPY_BYTES = 128 * 2**20  # per array; well past any last-level cache
@@ -127,7 +129,8 @@ def calibrate(path: str | os.PathLike | None = None, seconds: float = 2.0, devic
               f"rpeg.hardware.calibrate measured it. Delete this file, or run\n# {again}, to measure again. "
               "'hbm' is the machine's RAM here.\n")
     text = header + yaml.safe_dump(data, sort_keys=False, width=1000, allow_unicode=True)
-    device = device_from_data(yaml.safe_load(text), str(path), default_name="cpu-local")
+    parsed = {k: v for k, v in yaml.safe_load(text).items() if k != LOOPBACK}  # the link is the cluster's
+    device = device_from_data(parsed, str(path), default_name="cpu-local")
     _write(path, text)
     return device
 
@@ -189,6 +192,18 @@ def _add_layer_figures(data: dict, probe: dict | None, when: str, call: str) -> 
                                  f"MFLOP as the perf model counts them, the head's included) at the matmul rate "
                                  f"above, per token and unit ((b - FLOPs / rate) / ({probe['seq']} x {units}))")
     data["sources"] = sources
+    link = probe.get("loopback")
+    if link:  # D processes: the loopback link between them, as their gloo groups run it
+        (b0, b1), (t0, t1) = link["bytes"], link["times_s"]
+        text = (f"measured {when} by rpeg.hardware.calibrate.calibrate({call}) running `{probe['command']}`, torch "
+                f"{probe['torch']}: {link['world']} processes, gloo all_reduce of {b0} and {b1} bytes, the median "
+                f"of {link['runs']} each: {t0 * 1e6:.0f} us and {t1 * 1e6:.0f} us; as a ring")
+        data["loopback"] = {
+            "bandwidth_gbit_per_s": round(link["bandwidth_bytes_per_s"] * 8 / 1e9, 3),
+            "latency_us": round(link["latency_s"] * 1e6, 1),
+            "sources": {"bandwidth_gbit_per_s": f"{text}: 2 (n - 1) / n x the bytes between them over the time "
+                                                "between them",
+                        "latency_us": f"{text}: the small one's time over its 2 (n - 1) steps"}}
 
 
 def _concurrent(devices: int, threads: int, seconds: float) -> list[tuple[float, int, float, int]]:

@@ -141,9 +141,31 @@ def load_cpu_local(path: str | os.PathLike | None = None, devices: int = 1) -> D
         raise NotCalibrated(f"cpu-local ({what}) has not been measured: run {command} first (about 2 s; it "
                             f"writes {path})")
     try:
-        return device_from_data(read_yaml_file(str(path)), str(path), default_name=CPU_LOCAL)
+        data = read_yaml_file(str(path))
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if k != LOOPBACK}
+        return device_from_data(data, str(path), default_name=CPU_LOCAL)
     except RpegError as e:
         raise RpegError(f"{e} (delete the file or run {command} to measure again)") from None
+
+
+LOOPBACK = "loopback"  # a D-device calibration's measured link between its D processes
+
+
+def cpu_local_loopback(devices: int) -> dict | None:
+    """The loopback link `rpeg calibrate --devices D` measured between its D processes
+    (`bandwidth_gbit_per_s`, `latency_us`, `sources`), or None when the file has none."""
+    data = read_yaml_file(str(cpu_local_path(devices)))
+    link = data.get(LOOPBACK) if isinstance(data, dict) else None
+    if link is None:
+        return None
+    where = f"{cpu_local_path(devices)}: {LOOPBACK}"
+    if not isinstance(link, dict) or set(link) != {"bandwidth_gbit_per_s", "latency_us", "sources"}:
+        raise RpegError(f"{where}: expected bandwidth_gbit_per_s, latency_us and sources (run `rpeg calibrate "
+                        f"--devices {devices}` to measure again)")
+    for key in ("bandwidth_gbit_per_s", "latency_us"):
+        _number(link[key], f"{where}.{key}")
+    return link
 
 
 # ---- clusters ----------------------------------------------------------------------------------
@@ -154,6 +176,10 @@ def load_cluster(name_or_path: str | os.PathLike, gpus: int | None = None) -> Cl
     shared = None
     if preset == CPU_LOCAL and gpus and gpus > 1:  # D devices share this machine's cores: each has what it
         shared = load_cpu_local(devices=gpus)  # measured while all D ran (`rpeg calibrate --devices D`)
+        link = cpu_local_loopback(gpus)
+        if link is not None:  # ... and the loopback between them, measured instead of assumed
+            data = dict(data, levels=[_measured_loopback(lv, link) if lv.get("name") == "system" else lv
+                                      for lv in data["levels"]])
     cluster = cluster_from_data(data, where, default_name=preset or _stem(where), device=shared)
     if preset and cluster.name != preset:
         raise RpegError(f"{where}: name: {cluster.name!r} differs from the file name {preset!r}")
@@ -163,6 +189,12 @@ def load_cluster(name_or_path: str | os.PathLike, gpus: int | None = None) -> Cl
         return cluster.with_gpus(gpus)
     except RpegError as e:
         raise RpegError(f"{where}: {e}") from None
+
+
+def _measured_loopback(level: dict, link: dict) -> dict:
+    sources = dict(level.get("sources", {}), **link["sources"])
+    return dict(level, bandwidth_gbit_per_s=link["bandwidth_gbit_per_s"], latency_us=link["latency_us"],
+                sources=sources)
 
 
 def cluster_from_data(data: Any, where: str, default_name: str = "", device: Device | None = None) -> Cluster:

@@ -20,7 +20,7 @@ from typing import Literal
 from rpeg.errors import RpegError
 from rpeg.hardware.device import Device
 
-Link = Literal["nvlink", "xgmi", "infiniband", "slingshot", "ethernet", "pcie", "memory"]
+Link = Literal["nvlink", "xgmi", "infiniband", "slingshot", "ethernet", "pcie", "memory", "loopback"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

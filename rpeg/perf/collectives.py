@@ -114,3 +114,30 @@ def p2p_s(cluster: Cluster, nbytes: float, distance: int) -> float:
         return 0.0
     sp = cluster.span(2, max(1, distance))
     return nbytes / _bw(sp.level) + _alpha(sp)
+
+
+def weight_tensors(spec) -> int:
+    """The weight tensors of a Hugging Face checkpoint of `spec`: per layer q, k, v and o (their
+    biases, q/k norms), two norms and the MLP's (each routed and shared expert's, and the router,
+    in an MoE layer); the embedding, the final norm and an untied output head. A gather that moves
+    the weights tensor by tensor (FSDP's full_tensor(), ZeRO-3's GatheredParameters, NeMo-RL's
+    gather_params) pays a collective's latency for each."""
+    mla = spec.attention == "mla"
+    attn = (5 if spec.q_lora_rank else 4) + 2 if mla else 4
+    if spec.qkv_bias:
+        attn += 3
+    if spec.linear_bias:
+        attn += 4
+    attn += 2 * spec.qk_norm
+    mlp = 3 if spec.ffn_act == "swiglu" else 2
+    per_dense = attn + 2 + mlp * (2 if spec.linear_bias else 1)
+    per_moe = attn + 2 + mlp * (spec.experts + spec.shared_experts) + 1
+    dense = spec.layers - spec.moe_layers
+    return dense * per_dense + spec.moe_layers * per_moe + 2 + (0 if spec.tied_embeddings else 1) + \
+        (1 if spec.position_embeddings else 0)
+
+
+def tensorwise_all_gather_s(cluster: Cluster, nbytes: float, group: Group, tensors: int) -> float:
+    """An all-gather of `nbytes` in `tensors` collectives of equal size, one after another."""
+    tensors = max(1, int(tensors))
+    return tensors * all_gather_s(cluster, nbytes / tensors, group)

@@ -90,6 +90,8 @@ LINK = {
     "ethernet": Factor(0.80, "RoCE reaches ~80% of line rate in NCCL"),
     "pcie": Factor(0.80, "PCIe DMA reaches ~80% of link rate"),
     "memory": Factor(1.0, "in-memory copies on one host: the cpu-local calibration is already measured"),
+    "loopback": Factor(1.0, "processes on one machine over loopback TCP (gloo): `rpeg calibrate --devices D` measures "
+                            "the link's bandwidth and latency as gloo all-reduces reach them"),
 }
 
 # ---- training frameworks -------------------------------------------------------------------------------

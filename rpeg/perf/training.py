@@ -20,7 +20,8 @@ from rpeg.graph.layout import ParallelLayout
 from rpeg.graph.model import ModelSpec
 from rpeg.hardware.topology import Cluster
 from rpeg.perf import memory
-from rpeg.perf.collectives import Group, all_reduce_s, all_to_all_s, p2p_s, reduce_scatter_s, all_gather_s
+from rpeg.perf.collectives import (Group, all_gather_s, all_reduce_s, all_to_all_s, p2p_s, reduce_scatter_s,
+                                   tensorwise_all_gather_s)
 from rpeg.perf.compute import BF16, LayerTime, eager_host_s, head_forward, layer_forward
 from rpeg.perf.cost import StageCost
 from rpeg.perf.efficiency import (DP_OVERLAP, HBM, KERNEL_LAUNCH_S, KERNELS_PER_LAYER, OPTIMIZER_BYTES_PER_PARAM,
@@ -115,7 +116,9 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
     bubble_mbs = (pp - 1) / v
     pipeline_s = (m + bubble_mbs) * per_mb
 
-    # after the micro-batches: gradient reduction and optimizer
+    # after the micro-batches: gradient reduction and optimizer. FSDP gathers (ZeRO-3) go one unit at a
+    # time: each decoder layer, and the root with the embedding and head (FSDP2's fully_shard per layer)
+    units = math.ceil(layers_per_stage) + 1
     dp_s = opt_s = 0.0
     params_dev = memory.params_per_device(spec, layout)
     if not work.forward_only:
@@ -134,14 +137,14 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
         exposed = 1.0 if m == 1 else (1 - DP_OVERLAP.value)
         dp_s = sync * exposed
         if layout.zero == 3:  # parameters gathered before each micro-batch's forward and backward
-            gather = all_gather_s(cluster, params_dev * BF16, Group(dp, tp * cp))
+            gather = tensorwise_all_gather_s(cluster, params_dev * BF16, Group(dp, tp * cp), units)
             dp_s += max(0.0, 2 * m * gather - pipeline_s) + gather
         # ZeRO shards the optimizer state as the memory model does: dense over dp*cp, experts over dp*cp*tp/ep
         dense_dp, expert_dp = memory.data_parallel_groups(spec, layout) if layout.zero >= 1 else (1, 1)
         opt_s = (dense_params / dense_dp + expert_params / expert_dp) * OPTIMIZER_BYTES_PER_PARAM.value / (
             dev.hbm_bandwidth_bytes_per_s * HBM[dev.kind].value)
     if work.forward_only and layout.zero == 3:  # FSDP forward: gather each micro-batch's weights, overlapped
-        gather = all_gather_s(cluster, params_dev * BF16, Group(dp, tp * cp))
+        gather = tensorwise_all_gather_s(cluster, params_dev * BF16, Group(dp, tp * cp), units)
         dp_s = max(0.0, m * gather - pipeline_s) + gather
     per_step = pipeline_s + dp_s + opt_s
     steps = work.optimizer_steps

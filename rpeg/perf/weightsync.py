@@ -22,7 +22,7 @@ from rpeg.graph.layout import ParallelLayout
 from rpeg.graph.model import ModelSpec
 from rpeg.hardware.topology import Cluster
 from rpeg.perf import memory
-from rpeg.perf.collectives import Group, all_gather_s, broadcast_s
+from rpeg.perf.collectives import Group, all_gather_s, broadcast_s, tensorwise_all_gather_s, weight_tensors
 from rpeg.perf.compute import BF16
 from rpeg.perf.cost import StageCost
 from rpeg.perf.efficiency import HBM, HOST_LINK_BYTES_PER_S, link_efficiency
@@ -51,8 +51,8 @@ def weight_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: Par
             # ZeRO-3 / FSDP: each device holds 1/dp of its model-parallel shard, so the engine's weights
             # are first all-gathered over data parallelism (verl's FSDP sharding manager takes the
             # full state dict; Megatron's distributed optimizer keeps the weights whole per rank)
-            parts += (("gather over data parallelism", all_gather_s(cluster, total / mp,
-                                                                    Group(train.dp, train.tp * train.cp))),)
+            parts += (("gather over data parallelism", tensorwise_all_gather_s(
+                cluster, total / mp, Group(train.dp, train.tp * train.cp), weight_tensors(spec))),)
         parts += (("copy into engine", copy_s),)
     elif gather == "full":
         # the trainers gather every tensor in full, then one rank broadcasts the whole model to every
@@ -89,8 +89,8 @@ def full_gather_parts(spec: ModelSpec, train: ParallelLayout, cluster: Cluster) 
     dense = total - experts
     parts = []
     if train.zero >= 3 and train.dp > 1:
-        parts.append(("gather over data parallelism", all_gather_s(cluster, total / (train.tp * train.pp),
-                                                                   Group(train.dp, train.tp * train.cp))))
+        parts.append(("gather over data parallelism", tensorwise_all_gather_s(
+            cluster, total / (train.tp * train.pp), Group(train.dp, train.tp * train.cp), weight_tensors(spec))))
     if train.tp > 1:
         parts.append(("gather over tensor parallelism", all_gather_s(cluster, dense / train.pp, Group(train.tp, 1))))
     if experts and train.ep > 1:

@@ -63,6 +63,7 @@ def check_plan(graph: Graph) -> None:
         raise RpegError(f"actor_logprobs runs on the training workers, so its dp, tp and pp must match actor_update's "
                         f"(dp {train.layout.dp}, tp {train.layout.tp}, pp {train.layout.pp}); it asks for "
                         f"{logprobs.describe()}")
+    _check_on_shards(graph, graph.stage("actor_logprobs"), train, fused)
     split = not graph.group(gen.group).overlaps(graph.group(train.group))
     for s in graph.stages:
         if split and s.kind is Kind.INFER and s.model == "ref" and s.layout.devices != s.layout.dp:
@@ -75,6 +76,7 @@ def check_plan(graph: Graph) -> None:
             raise RpegError(f"{values.name} runs on the critic's training workers, so its dp and tp must match "
                             f"{update.name}'s (dp {update.layout.dp}, tp {update.layout.tp}); it asks for "
                             f"{values.layout.describe()}")
+        _check_on_shards(graph, values, update, False)
     if train.layout.pp > 1 and "value" in graph.model("actor").heads:
         raise RpegError("the plan trains a value head on the actor with pipeline parallelism; the runtime pipelines "
                         "the policy's language-model head only")
@@ -86,6 +88,16 @@ def check_plan(graph: Graph) -> None:
                             f"its FSDP2 shard: generation and training must share one group with data parallelism "
                             f"only (generate {gen.layout.describe()}, actor_update {train.layout.describe()} on "
                             f"{train.group!r}); give generation its own devices for tensor parallelism")
+
+
+def _check_on_shards(graph: Graph, forward, update, fused: bool) -> None:
+    """A forward pass that runs on data-parallel training workers runs on their FSDP2 shards, gathering
+    each layer's weights as it goes: the plan must say so (zero 3), or its prediction counts whole
+    weights that the run does not hold."""
+    if not fused and update.layout.dp > 1 and forward.layout.zero != 3:
+        raise RpegError(f"{forward.name} runs on {update.name}'s data-parallel workers, which hold FSDP2 shards and "
+                        f"gather each layer's weights for a forward pass: its layout must say zero = 3 (it asks for "
+                        f"{forward.layout.describe()})")
 
 
 def _check_streams(graph: Graph) -> None:
@@ -116,7 +128,7 @@ def runnable_plan(graph: Graph, cluster: Cluster, gpus: int, micro_batch: int = 
     """The fastest plan the runtime can honour: data parallelism only, whole batches, no streaming;
     every training and forward pass in micro-batches of `micro_batch` padded rows (`runtime.micro_batch`),
     stated in the plan's layouts so that the prediction counts the micro-batches the runtime runs."""
-    options = LayoutOptions(train_tp=(1,), train_pp=(1,), train_cp=(1,), zero=(3,), infer_zero=(0,), gen_tp=(1,),
+    options = LayoutOptions(train_tp=(1,), train_pp=(1,), train_cp=(1,), zero=(3,), infer_zero=(0, 3), gen_tp=(1,),
                             expert_parallel=False, sequence_parallel=False, micro_batch=micro_batch, packing=False)
     space = SpaceOptions(share=False, fuse=True, stream=False, placements=("colocated", "split"), partial_rollout=False)
     result = search(graph, cluster, gpus, max_staleness=1, options=options, space=space, budget=200)

@@ -149,13 +149,18 @@ def _best_times(runs, budget_s: float) -> list[float]:
 # ---- several devices sharing this machine's cores -------------------------------------------------
 def probe_together(devices: int, threads: int, seconds: float, rate: float = 0.0) -> dict:
     """`devices` processes with `threads` threads each, measuring at once: the mean of their
-    figures, with each figure's min and max in `spread`."""
+    figures, with each figure's min and max in `spread`; then the loopback link between them
+    (`loopback`: gloo all-reduces, as the runtime's process groups run on CPUs)."""
     import multiprocessing as mp
+    import socket
 
+    with socket.socket() as s:  # a free port for the process group's rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     ctx = mp.get_context("spawn")  # fresh interpreters: the thread counts apply before torch loads
     start, results = ctx.Barrier(devices), ctx.Queue()
-    procs = [ctx.Process(target=_device_process, args=(start, results, threads, seconds, rate), daemon=True)
-             for _ in range(devices)]
+    procs = [ctx.Process(target=_device_process, args=(start, results, threads, seconds, rate, r, devices, port),
+                         daemon=True) for r in range(devices)]
     for p in procs:
         p.start()
     try:
@@ -176,14 +181,58 @@ def probe_together(devices: int, threads: int, seconds: float, rate: float = 0.0
     merged["times_s"] = [sum(o["times_s"][i] for o in out) / devices for i in range(len(ROWS))]
     merged["fit"] = "; ".join(f"process {i}: {o['fit']}" for i, o in enumerate(out))
     merged["devices"] = devices
+    merged["loopback"] = next(o["loopback"] for o in out if o.get("loopback"))
     return merged
 
 
-def _device_process(start, results, threads: int, seconds: float, rate: float) -> None:
+def _device_process(start, results, threads: int, seconds: float, rate: float, rank: int, world: int,
+                    port: int) -> None:
     for var in THREAD_VARS:
         os.environ[var] = str(threads)
     with contextlib.redirect_stdout(sys.stderr):
-        results.put(probe(threads, seconds, ready=start.wait, matmul_flop_per_s=rate))
+        result = probe(threads, seconds, ready=start.wait, matmul_flop_per_s=rate)
+        link = loopback(rank, world, port)
+        if rank == 0:
+            result["loopback"] = link
+        results.put(result)
+
+
+LINK_BYTES = (4, 4 * 2**20)  # a one-float all-reduce (latency) and a 4 MiB one (bandwidth)
+LINK_RUNS = 20
+
+
+def loopback(rank: int, world: int, port: int) -> dict:
+    """The link between `world` processes on this machine as gloo runs it: the median of LINK_RUNS
+    all-reduces of LINK_BYTES each. The perf model's ring all-reduce takes 2 (n - 1) latencies plus
+    2 (n - 1) / n of the bytes over the bus bandwidth, so the latency is t(small) / (2 (n - 1)) and
+    the bandwidth 2 (n - 1) / n x (large - small bytes) / (t(large) - t(small))."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        times = []
+        for nbytes in LINK_BYTES:
+            x = torch.ones(nbytes // 4)
+            for _ in range(3):
+                dist.all_reduce(x)
+            runs = []
+            for _ in range(LINK_RUNS):
+                dist.barrier()
+                t = time.perf_counter()
+                dist.all_reduce(x)
+                runs.append(time.perf_counter() - t)
+            times.append(statistics.median(runs))
+    finally:
+        dist.destroy_process_group()
+    (small, large), n = times, world
+    steps = 2 * (n - 1)
+    latency = small / steps
+    bandwidth = steps / n * (LINK_BYTES[1] - LINK_BYTES[0]) / max(large - small, 1e-9)
+    return {"latency_s": latency, "bandwidth_bytes_per_s": bandwidth, "bytes": list(LINK_BYTES), "times_s": times,
+            "runs": LINK_RUNS, "world": n}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -68,7 +68,12 @@ def test_several_devices_are_measured_together_and_used_for_plans_on_that_many(t
     assert cluster.device == two and cluster.gpus == 2
     node, system = cluster.levels
     assert (node.gpus, node.link, node.bandwidth_bytes_per_s) == (1, "memory", two.hbm_bandwidth_bytes_per_s)
-    assert system.link == "ethernet" and cluster.span(2).level is system
+    assert system.link == "loopback" and cluster.span(2).level is system
+    link = data.get("loopback")  # the probe's gloo all-reduces between the 2 processes (when torch is here)
+    if link is not None:
+        assert system.latency_s == pytest.approx(link["latency_us"] * 1e-6)
+        assert system.bandwidth_bytes_per_s == pytest.approx(link["bandwidth_gbit_per_s"] * 1e9 / 8)
+        assert "gloo all_reduce" in dict(cluster.sources)["levels.system.latency_us"]
     assert load_cluster("cpu-local", gpus=1).device == one
     with pytest.raises(RpegError, match="devices = 0 must be a whole number from 1 to 64"):
         calibration.calibrate(seconds=0.1, devices=0)
@@ -93,3 +98,23 @@ def test_importing_the_package_measures_nothing(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"  # numpy is imported only when measuring
     assert not (tmp_path / "cpu-local.yaml").exists()
+
+
+def test_a_measured_loopback_replaces_the_assumed_system_link(tmp_path, monkeypatch):
+    monkeypatch.setenv("RPEG_CACHE_DIR", str(tmp_path))
+    calibration.calibrate(seconds=0.1, devices=2)
+    path = tmp_path / "cpu-local-x2.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["loopback"] = {"bandwidth_gbit_per_s": 4.0, "latency_us": 300.0,
+                        "sources": {"bandwidth_gbit_per_s": "measured", "latency_us": "measured"}}
+    path.write_text(yaml.safe_dump(data))
+    system = load_cluster("cpu-local", gpus=2).levels[1]
+    assert (system.bandwidth_bytes_per_s, system.latency_s) == (pytest.approx(0.5e9), pytest.approx(300e-6))
+    del data["loopback"]
+    path.write_text(yaml.safe_dump(data))
+    system = load_cluster("cpu-local", gpus=2).levels[1]  # none measured: the preset's assumption
+    assert (system.bandwidth_bytes_per_s, system.latency_s) == (pytest.approx(1.25e9), pytest.approx(50e-6))
+    data["loopback"] = {"latency_us": 3}
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(RpegError, match="loopback: expected bandwidth_gbit_per_s, latency_us and sources"):
+        load_cluster("cpu-local", gpus=2)

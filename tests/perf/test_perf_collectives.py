@@ -171,3 +171,26 @@ def test_crossing_a_slower_level_costs_more(dgx, fn):
         assert across > inside
     assert fn(dgx, GB, Group(16)) > fn(dgx, GB, Group(8))
     assert p2p_s(dgx, GB, 8) > p2p_s(dgx, GB, 1)
+
+
+def test_weight_tensors_count_a_checkpoints_tensors():
+    from rpeg.graph import get_model
+    from rpeg.perf.collectives import weight_tensors
+
+    # tiny-qwen2: per layer q, k, v, o, the q/k/v biases, 2 norms, gate, up, down; embedding (tied) and final norm
+    assert weight_tensors(get_model("tiny-qwen2")) == 4 * 12 + 2
+    moe = get_model("qwen3-30B-A3B")  # 48 layers of 128 experts: the experts' tensors dominate
+    assert weight_tensors(moe) > 48 * 3 * 128
+
+
+def test_a_tensorwise_gather_pays_a_latency_per_tensor():
+    from rpeg.hardware import load_cluster
+    from rpeg.perf.collectives import Group, all_gather_s, tensorwise_all_gather_s
+
+    c = load_cluster("dgx-h100", 16)
+    g = Group(2, 8)  # across the two nodes
+    one = all_gather_s(c, 1e9, g)
+    many = tensorwise_all_gather_s(c, 1e9, g, 100)
+    alpha = c.span(2, 8).level.latency_s
+    assert many == pytest.approx(one + 99 * alpha)
+    assert tensorwise_all_gather_s(c, 1e9, g, 0) == pytest.approx(one)

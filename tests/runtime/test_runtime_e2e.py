@@ -224,7 +224,7 @@ def test_a_colocated_plan_on_two_devices_shards_training_and_splits_generation(t
     g = colocate(build_graph("grpo", job(), Models(actor=TINY), kl_coef=0.04), 2)
     for s in g.stages:
         if s.model and s.kind.value != "sync":
-            g = lay(g, s.name, dp=2, **({"zero": 3} if s.kind.value == "train" else {}))
+            g = lay(g, s.name, dp=2, **({"zero": 3} if s.name in ("actor_update", "actor_logprobs") else {}))
     result = run(g, rt(tmp_path, steps=3), progress=False)
     assert len(result.metrics) == 3 and all("kl_ref" in m for m in result.metrics)
     # after every sync the engines' logprobs of their samples are the sharded trainer's: each rank's

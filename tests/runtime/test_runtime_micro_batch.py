@@ -56,3 +56,22 @@ def test_the_trainer_calls_the_model_once_per_planned_micro_batch(tmp_path):
     batch.extras["advantages"] = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0, -1.0])[:, None].expand_as(batch.mask).clone()
     trainer.train(batch, epochs=1, mini_batches=1, seed=0)
     assert calls == [2, 2, 2]  # update: a token budget of two padded rows
+
+
+def test_a_forward_pass_on_sharded_training_workers_must_say_zero_3():
+    import pytest
+
+    from rpeg.errors import RpegError
+    from rpeg.runtime.plan_check import check_plan
+
+    def plan(logprobs_zero):
+        g = colocate(build_graph("grpo", job(), Models(actor=TINY), kl_coef=0.04), 2)
+        zero = {"actor_update": 3, "actor_logprobs": logprobs_zero}
+        for s in g.stages:
+            if s.model and s.kind.value != "sync":
+                g = lay(g, s.name, dp=2, zero=zero.get(s.name, 0))
+        return g
+
+    with pytest.raises(RpegError, match="actor_logprobs runs on actor_update's data-parallel workers.*zero = 3"):
+        check_plan(plan(0))
+    check_plan(plan(3))  # the reference is a whole copy per device: zero 0 is what runs
