@@ -193,6 +193,19 @@ def _add_layer_figures(data: dict, probe: dict | None, when: str, call: str) -> 
                                  f"above, per token and unit ((b - FLOPs / rate) / ({probe['seq']} x {units}))")
     data["sources"] = sources
     link = probe.get("loopback")
+    shard = (link or {}).get("fsdp")
+    if shard and shard["unit_s"] > 0 and shard["tensor_s"] > 0:  # D processes: FSDP2 as the trainer runs it
+        base = (f"measured {when} by rpeg.hardware.calibrate.calibrate({call}) running `{probe['command']}`, torch "
+                f"{probe['torch']}: the probe model in the runtime's Trainer over {link['world']} processes, the median of "
+                f"15 each: logprobs over {shard['rows']} rows whole {shard['whole_s'] * 1e3:.2f} ms and FSDP2-sharded "
+                f"(fully_shard per layer and the root) {shard['sharded_s'] * 1e3:.2f} ms; the full weights gathered "
+                f"(full_state_dict, {shard['tensors']} tensors) {shard['gather_s'] * 1e3:.2f} ms")
+        sources = data.pop("sources")
+        data["fsdp_unit_us"] = round(shard["unit_s"] * 1e6, 1)
+        data["gather_tensor_us"] = round(shard["tensor_s"] * 1e6, 1)
+        sources["fsdp_unit_us"] = f"{base}; (sharded - whole) / {shard['units']} units"
+        sources["gather_tensor_us"] = f"{base}; the gather over its {shard['tensors']} tensors"
+        data["sources"] = sources
     if link:  # D processes: the loopback link between them, as their gloo groups run it
         (b0, b1), (t0, t1) = link["bytes"], link["times_s"]
         text = (f"measured {when} by rpeg.hardware.calibrate.calibrate({call}) running `{probe['command']}`, torch "

@@ -32,11 +32,13 @@ FIGURES = {
     "scaleup_bandwidth": "scaleup_bandwidth_bytes_per_s",
     "layer_host": "layer_host_s",
     "layer_token": "layer_token_s",
+    "fsdp_unit": "fsdp_unit_s",
+    "gather_tensor": "gather_tensor_s",
 }
 # The figures that may be 0: a dtype the device lacks, a device without a scale-up link.
 MAY_BE_ZERO = ("fp16_dense", "fp8_dense", "scaleup_bandwidth")
 # The figures a file may leave out (then 0 on the Device: not measured); positive when given.
-OPTIONAL = ("layer_host", "layer_token")
+OPTIONAL = ("layer_host", "layer_token", "fsdp_unit", "gather_tensor")
 
 # Unit suffix -> (quantity, multiplier, divisor) to SI; two factors so that 5 us is exactly 5e-6 s
 # and 400 Gb/s exactly 5e10 B/s.
@@ -54,7 +56,7 @@ UNITS = {
 }
 QUANTITY = {"bf16_dense": "rate", "fp16_dense": "rate", "fp8_dense": "rate", "hbm_capacity": "bytes",
             "hbm_bandwidth": "bandwidth", "scaleup_bandwidth": "bandwidth", "layer_host": "time",
-            "layer_token": "time"}
+            "layer_token": "time", "fsdp_unit": "time", "gather_tensor": "time"}
 
 
 def to_si(value: float, unit: str) -> float:
@@ -84,7 +86,10 @@ class Device:
     FLOPs at the device's matmul rate (its elementwise ops and the attention kernel, which on a CPU
     cost per token at small widths). They are measured on cpu-local only (`rpeg calibrate`); where
     given (> 0) the perf model uses them for a layer's forward instead of the generic
-    attention/elementwise roofline and kernel-launch terms. 0: not measured."""
+    attention/elementwise roofline and kernel-launch terms. `fsdp_unit_s` and `gather_tensor_s`
+    (cpu-local as D > 1 devices) are what PyTorch's FSDP2 costs there as the runtime runs it: per
+    sharded unit of a forward, and per tensor of a full-weight gather; where given the perf model
+    counts them instead of its collective model for ZeRO-3 gathers. 0: not measured."""
 
     name: str
     kind: Literal["gpu", "cpu"]
@@ -99,12 +104,14 @@ class Device:
     host: Literal["x86", "grace"] = "x86"  # the CPU that drives it (launches, engine scheduling)
     layer_host_s: float = 0.0  # fixed host time of one decoder layer's forward per call; 0: not measured
     layer_token_s: float = 0.0  # a decoder layer's forward time per token beyond its FLOPs; 0: not measured
+    fsdp_unit_s: float = 0.0  # what FSDP2 adds to a forward per sharded unit (gather and hooks); 0: not measured
+    gather_tensor_s: float = 0.0  # one weight tensor gathered in full from its FSDP2 shards; 0: not measured
 
     def __post_init__(self) -> None:
         bad = [f for f in ("bf16_flop_per_s", "hbm_capacity_bytes", "hbm_bandwidth_bytes_per_s")
                if not getattr(self, f) > 0]
         bad += [f for f in ("fp16_flop_per_s", "fp8_flop_per_s", "scaleup_bandwidth_bytes_per_s", "layer_host_s",
-                            "layer_token_s") if not getattr(self, f) >= 0]
+                            "layer_token_s", "fsdp_unit_s", "gather_tensor_s") if not getattr(self, f) >= 0]
         if bad:
             raise RpegError(f"device {self.name!r}: {', '.join(bad)} must be positive "
                             f"(fp16, fp8 and scale-up may be 0: unsupported; the layer figures 0: not measured)")

@@ -51,8 +51,7 @@ def weight_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: Par
             # ZeRO-3 / FSDP: each device holds 1/dp of its model-parallel shard, so the engine's weights
             # are first all-gathered over data parallelism (verl's FSDP sharding manager takes the
             # full state dict; Megatron's distributed optimizer keeps the weights whole per rank)
-            parts += (("gather over data parallelism", tensorwise_all_gather_s(
-                cluster, total / mp, Group(train.dp, train.tp * train.cp), weight_tensors(spec))),)
+            parts += (("gather over data parallelism", _dp_gather_s(spec, cluster, total / mp, train)),)
         parts += (("copy into engine", copy_s),)
     elif gather == "full":
         # the trainers gather every tensor in full, then one rank broadcasts the whole model to every
@@ -89,8 +88,8 @@ def full_gather_parts(spec: ModelSpec, train: ParallelLayout, cluster: Cluster) 
     dense = total - experts
     parts = []
     if train.zero >= 3 and train.dp > 1:
-        parts.append(("gather over data parallelism", tensorwise_all_gather_s(
-            cluster, total / (train.tp * train.pp), Group(train.dp, train.tp * train.cp), weight_tensors(spec))))
+        parts.append(("gather over data parallelism", _dp_gather_s(spec, cluster, total / (train.tp * train.pp),
+                                                                   train)))
     if train.tp > 1:
         parts.append(("gather over tensor parallelism", all_gather_s(cluster, dense / train.pp, Group(train.tp, 1))))
     if experts and train.ep > 1:
@@ -99,6 +98,16 @@ def full_gather_parts(spec: ModelSpec, train: ParallelLayout, cluster: Cluster) 
         parts.append(("broadcast over pipeline stages",
                       broadcast_s(cluster, total, Group(train.pp, train.tp * train.cp * train.dp))))
     return tuple(parts)
+
+
+def _dp_gather_s(spec: ModelSpec, cluster: Cluster, nbytes: float, train: ParallelLayout) -> float:
+    """The weights gathered from their ZeRO-3 shards one tensor at a time (FSDP's full_tensor(),
+    ZeRO-3's GatheredParameters): a collective each; per tensor as measured where it was (cpu-local:
+    `gather_tensor_us`, FSDP2 over gloo)."""
+    tensors = weight_tensors(spec)
+    if cluster.device.gather_tensor_s > 0:
+        return tensors * cluster.device.gather_tensor_s
+    return tensorwise_all_gather_s(cluster, nbytes, Group(train.dp, train.tp * train.cp), tensors)
 
 
 def _convert_s(total: float, dev) -> float:

@@ -24,7 +24,8 @@ perf model counts for this shape (`layer_flops_per_row`). A fit with a <= 0 or a
 prints one JSON object on stdout (warnings go to stderr). Without R the probe times a 1024 x 1024
 float32 torch matmul for it. With D > 1, D processes with T threads each build the model, wait at
 a barrier and measure together (the runtime's D workers share the cores the same way); the
-figures are their mean, with `spread` giving each figure's min and max.
+figures are their mean, with `spread` giving each figure's min and max; then they measure the
+loopback link between them (`loopback`) and what FSDP2 adds there (`loopback.fsdp`, `fsdp`).
 """
 
 from __future__ import annotations
@@ -225,6 +226,7 @@ def loopback(rank: int, world: int, port: int) -> dict:
                 dist.all_reduce(x)
                 runs.append(time.perf_counter() - t)
             times.append(statistics.median(runs))
+        sharded = fsdp()
     finally:
         dist.destroy_process_group()
     (small, large), n = times, world
@@ -232,7 +234,52 @@ def loopback(rank: int, world: int, port: int) -> dict:
     latency = small / steps
     bandwidth = steps / n * (LINK_BYTES[1] - LINK_BYTES[0]) / max(large - small, 1e-9)
     return {"latency_s": latency, "bandwidth_bytes_per_s": bandwidth, "bytes": list(LINK_BYTES), "times_s": times,
-            "runs": LINK_RUNS, "world": n}
+            "runs": LINK_RUNS, "world": n, "fsdp": sharded}
+
+
+FSDP_RUNS = 15
+
+
+def fsdp() -> dict:
+    """What FSDP2 adds as the runtime's trainer shards the probe model over the process group's
+    ranks (fully_shard per decoder layer and the root, rpeg.runtime.trainer): FSDP_RUNS logprob
+    passes over R2 rows, sharded and whole (the same trainer code, the same processes), and
+    FSDP_RUNS gathers of the full weights (`full_state_dict`: one all-gather per tensor, as a weight
+    sync does), the median of each (gloo's waits vary from call to call; a run pays the typical
+    one). unit_s = (sharded - whole) / (layers + 1 units); tensor_s = the gather's time / its tensors."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    from rpeg.graph.config import AlgoConfig
+    from rpeg.runtime.batch import build_batch
+    from rpeg.runtime.trainer import OptimConfig, Trainer
+
+    rows, half = ROWS[-1], SEQ // 2
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, PROBE_DIMS["vocab_size"], (rows, SEQ), generator=gen).tolist()
+    batch = build_batch([r[:half] for r in ids], [r[half:] for r in ids], [[0.0] * half] * rows, list(range(rows)),
+                        [0] * rows, 0)
+    optim = OptimConfig(forward_batch=rows)
+
+    def median(run) -> float:
+        run()
+        times = []
+        for _ in range(FSDP_RUNS):
+            dist.barrier()
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    whole = Trainer(build_model(), AlgoConfig(adv_estimator="grpo"), optim)
+    shard = Trainer(build_model(), AlgoConfig(adv_estimator="grpo"), optim, shard=True)
+    t_whole, t_shard = median(lambda: whole.logprobs(batch)), median(lambda: shard.logprobs(batch))
+    t_gather = median(shard.full_state_dict)
+    units, tensors = PROBE_DIMS["num_hidden_layers"] + 1, len(shard.model.state_dict())
+    return {"unit_s": (t_shard - t_whole) / units, "tensor_s": t_gather / tensors, "units": units,
+            "tensors": tensors, "rows": rows, "whole_s": t_whole, "sharded_s": t_shard, "gather_s": t_gather}
 
 
 def main(argv: list[str] | None = None) -> int:

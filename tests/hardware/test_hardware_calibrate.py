@@ -69,6 +69,9 @@ def test_several_devices_are_measured_together_and_used_for_plans_on_that_many(t
     node, system = cluster.levels
     assert (node.gpus, node.link, node.bandwidth_bytes_per_s) == (1, "memory", two.hbm_bandwidth_bytes_per_s)
     assert system.link == "loopback" and cluster.span(2).level is system
+    if "fsdp_unit_us" in data:  # FSDP2 as the trainer runs it over the 2 processes (when the probe's fit held)
+        assert two.fsdp_unit_s == pytest.approx(data["fsdp_unit_us"] * 1e-6) and two.gather_tensor_s > 0
+        assert "FSDP2-sharded" in data["sources"]["fsdp_unit_us"]
     link = data.get("loopback")  # the probe's gloo all-reduces between the 2 processes (when torch is here)
     if link is not None:
         assert system.latency_s == pytest.approx(link["latency_us"] * 1e-6)

@@ -184,3 +184,28 @@ def test_a_forward_pass_on_measured_figures_pays_the_host_time_once_per_micro_ba
     parts = dict(cost.parts)
     assert parts["kernel launches"] == pytest.approx(4 * 5 * 600e-6)  # 4 micro-batches x (4 layers + 1)
     assert cost.microbatches == 4
+
+
+def test_measured_fsdp_figures_replace_the_collective_model_for_zero_3():
+    from dataclasses import replace
+
+    from rpeg.graph.layout import ParallelLayout
+    from rpeg.perf.collectives import weight_tensors
+    from rpeg.perf.training import PassWorkload, pass_cost
+    from rpeg.perf.weightsync import weight_sync_cost
+
+    tiny = get_model("tiny-qwen2")
+    _, eager = _eager_cpu(600, 3)
+    measured = replace(eager, fsdp_unit_s=2e-3, gather_tensor_s=1e-3)
+    plain, cluster = replace(load_cluster("dgx-h100", 2), device=eager), replace(load_cluster("dgx-h100", 2),
+                                                                                 device=measured)
+    lay = ParallelLayout(dp=2, zero=3, micro_batch=64, packing=False)
+    fwd = PassWorkload(sequences=256, seq_len=10, attention_context=5.5, micro_batch=64, forward_only=True)
+    train = PassWorkload(sequences=128, seq_len=10, attention_context=5.5, micro_batch=64)
+    # 2 micro-batches a rank, 5 FSDP units (4 layers and the root): a forward gathers each unit once,
+    # a training micro-batch three times as much (gathers again for the backward, reduce-scatters)
+    assert dict(pass_cost("lp", tiny, lay, cluster, fwd).parts)["gradient sync"] == pytest.approx(2 * 5 * 2e-3)
+    assert dict(pass_cost("up", tiny, lay, cluster, train).parts)["gradient sync"] == pytest.approx(3 * 5 * 2e-3)
+    assert dict(pass_cost("lp", tiny, lay, plain, fwd).parts)["gradient sync"] < 2 * 5 * 2e-3  # NVLink's model
+    sync = weight_sync_cost("sync", tiny, lay, ParallelLayout(dp=2), cluster, colocated=True, separation=0)
+    assert dict(sync.parts)["gather over data parallelism"] == pytest.approx(weight_tensors(tiny) * 1e-3)
