@@ -28,7 +28,9 @@ run `rpeg calibrate`. Nothing here runs at import time.
 Several devices on one machine (`--devices D`, D > 1): the runtime runs a plan for D devices as D
 worker processes that share this machine's cores (each with cores // D threads), so a device's
 rate is what it reaches while the other D - 1 run too. D processes, each with that many threads,
-start together and time the same matmul and copy (then the layer probe, D processes at once, and
+start together and time the same matmul and copy, each taking the median of its runs (with more
+processes than cores a process's best run is one the others left it alone for; the median is what
+it gets while all D run), then the layer probe, D processes at once (medians too), and
 the loopback link between them: gloo all-reduces, written as the file's `loopback:` section, which
 `load_cluster("cpu-local", D)` takes for the system level instead of its assumed figures);
 a device's figures are their mean (the spread is in the source), its memory RAM / D. They go to `cpu-local-x{D}.yaml` beside
@@ -45,6 +47,7 @@ import json
 import math
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 import time
@@ -247,37 +250,39 @@ def _device_process(start, results, threads: int, seconds: float) -> None:
     import numpy as np
 
     start.wait()  # everyone measures matmul together, then the copy together
-    flop, mruns = _matmul_flop_per_s(np, 0.6 * seconds)
+    flop, mruns = _matmul_flop_per_s(np, 0.6 * seconds, shared=True)
     start.wait()
-    copy, cruns = _copy_bytes_per_s(np, 0.4 * seconds)
+    copy, cruns = _copy_bytes_per_s(np, 0.4 * seconds, shared=True)
     results.put((flop, mruns, copy, cruns))
 
 
-def _matmul_flop_per_s(np, budget_s: float) -> tuple[float, int]:
+def _matmul_flop_per_s(np, budget_s: float, shared: bool = False) -> tuple[float, int]:
     rng = np.random.default_rng(0)
     a = rng.standard_normal((MATMUL_N, MATMUL_N), dtype=np.float32)
     b = rng.standard_normal((MATMUL_N, MATMUL_N), dtype=np.float32)
     out = np.empty_like(a)
     np.matmul(a, b, out=out)  # warm-up: thread pool start, page faults
-    return _best_rate(lambda: np.matmul(a, b, out=out), 2.0 * MATMUL_N**3, budget_s)
+    return _best_rate(lambda: np.matmul(a, b, out=out), 2.0 * MATMUL_N**3, budget_s, shared)
 
 
-def _copy_bytes_per_s(np, budget_s: float) -> tuple[float, int]:
+def _copy_bytes_per_s(np, budget_s: float, shared: bool = False) -> tuple[float, int]:
     src = np.ones(COPY_BYTES // 8, dtype=np.float64)
     dst = np.empty_like(src)
     np.copyto(dst, src)  # warm-up: first touch of dst's pages
-    return _best_rate(lambda: np.copyto(dst, src), 2.0 * src.nbytes, budget_s)
+    return _best_rate(lambda: np.copyto(dst, src), 2.0 * src.nbytes, budget_s, shared)
 
 
-def _best_rate(run, work: float, budget_s: float) -> tuple[float, int]:
-    """The best work/time over repeated runs within the budget (at least 2 runs)."""
-    best, runs, deadline = 0.0, 0, time.perf_counter() + budget_s
-    while runs < 2 or time.perf_counter() < deadline:
+def _best_rate(run, work: float, budget_s: float, shared: bool = False) -> tuple[float, int]:
+    """The best work/time over repeated runs within the budget (at least 2 runs); `shared` (one of
+    D processes measuring together): the median instead, since with more processes than cores a
+    process's best run is one the others happened to leave it alone for, and the median is what it
+    gets while all of them run."""
+    rates, deadline = [], time.perf_counter() + budget_s
+    while len(rates) < 2 or time.perf_counter() < deadline:
         start = time.perf_counter()
         run()
-        elapsed = time.perf_counter() - start
-        best, runs = max(best, work / max(elapsed, 1e-9)), runs + 1
-    return best, runs
+        rates.append(work / max(time.perf_counter() - start, 1e-9))
+    return (statistics.median(rates) if shared else max(rates)), len(rates)
 
 
 def _write(path: pathlib.Path, text: str) -> None:

@@ -36,6 +36,7 @@ import json
 import math
 import os
 import queue
+import statistics
 import sys
 import time
 
@@ -96,7 +97,8 @@ def probe(threads: int, seconds: float, ready=None, matmul_flop_per_s: float = 0
         ready()
     masks = {r: torch.ones_like(ids) for r, ids in inputs.items()}
     with torch.no_grad():
-        times = _best_times([lambda r=r: model(input_ids=inputs[r], attention_mask=masks[r]) for r in ROWS], seconds)
+        times = _best_times([lambda r=r: model(input_ids=inputs[r], attention_mask=masks[r]) for r in ROWS], seconds,
+                            shared=ready is not None)
     (r1, r2), (t1, t2) = ROWS, times
     per_row = layer_flops_per_row(spec)
     units = spec.layers + 1  # the model call and the output head count as one more layer
@@ -123,15 +125,18 @@ def _torch_matmul_rate(torch) -> float:
     return 2 * 1024**3 / best
 
 
-def _best_times(runs, budget_s: float) -> list[float]:
+def _best_times(runs, budget_s: float, shared: bool = False) -> list[float]:
     """The shortest time of each run, over repeated calls within the budget: WARMUP calls of each
     first, then rounds in which each run is called for about the same time (so each has its share
     of the budget, and a load that comes and goes on this machine falls on all of them alike), until
-    the budget is spent and each has had MIN_RUNS calls."""
+    the budget is spent and each has had MIN_RUNS calls. `shared` (one of D processes measuring
+    together): the median time instead, what a process gets while the others run (with more
+    processes than cores its shortest is a moment the others left it alone)."""
     for run in runs:
         for _ in range(WARMUP):
             run()
     best, calls = [math.inf] * len(runs), [0] * len(runs)
+    seen: list[list[float]] = [[] for _ in runs]
     deadline = time.perf_counter() + budget_s
     while min(calls) < MIN_RUNS or time.perf_counter() < deadline:
         share = max(best) if max(best) < math.inf else 0.0  # a round: about the slowest run's time each
@@ -142,9 +147,10 @@ def _best_times(runs, budget_s: float) -> list[float]:
                 run()
                 end = time.perf_counter()
                 best[i], calls[i] = min(best[i], end - start), calls[i] + 1
+                seen[i].append(end - start)
                 if end >= until:
                     break
-    return best
+    return [statistics.median(t) for t in seen] if shared else best
 
 
 # ---- several devices sharing this machine's cores -------------------------------------------------
