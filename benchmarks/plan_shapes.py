@@ -2,7 +2,8 @@
 measured step time side by side, and the measured speedup over the synchronous colocated plan.
 
 The job is the demo's (examples/demo-grpo-tiny.yaml: GRPO on the tiny model; PPO shapes use the
-same job with a critic). Each shape is built with the passes, predicted on `cpu-local` sized to
+same job with a critic). Each shape is built with the passes, its training and forward passes in
+micro-batches of MICRO_BATCH padded rows (what the runtime then runs), predicted on `cpu-local` sized to
 its devices (measured as that many devices sharing the cores: this benchmark runs
 `rpeg calibrate --devices D` first for every D it needs, in the same run, so every count is
 measured under the same load; `--reuse-calibration` keeps files that exist), run for
