@@ -224,24 +224,31 @@ def _add_layer_figures(data: dict, probe: dict | None, when: str, call: str) -> 
 
 def _concurrent(devices: int, threads: int, seconds: float) -> list[tuple[float, int, float, int]]:
     """(matmul FLOP/s, runs, copy bytes/s, runs) of each of `devices` processes measuring at once."""
-    import multiprocessing as mp
+    return measure_together(_device_process, [(threads, seconds)] * devices, 120 + 4 * seconds)
 
-    ctx = mp.get_context("spawn")  # fresh interpreters: the thread counts apply before numpy loads
-    start, results = ctx.Barrier(devices), ctx.Queue()
-    procs = [ctx.Process(target=_device_process, args=(start, results, threads, seconds), daemon=True)
-             for _ in range(devices)]
+
+def measure_together(target, args: list[tuple], timeout_s: float) -> list:
+    """Start one fresh process per entry of `args` (spawned: thread counts set in the child apply
+    before numpy or torch loads), each calling `target(barrier, results, *its args)`, and return what
+    each put on `results`. The barrier lets them measure at the same moments; a process that dies
+    before reporting is an RpegError."""
+    import multiprocessing as mp
+    import queue
+
+    ctx = mp.get_context("spawn")
+    start, results = ctx.Barrier(len(args)), ctx.Queue()
+    procs = [ctx.Process(target=target, args=(start, results, *a), daemon=True) for a in args]
     for p in procs:
         p.start()
     try:
-        out = [results.get(timeout=120 + 4 * seconds) for _ in procs]
-    except Exception:  # queue.Empty: a process died before reporting
-        raise RpegError(f"calibrate: a measuring process of {devices} did not report (out of memory?)") from None
+        return [results.get(timeout=timeout_s) for _ in procs]
+    except queue.Empty:
+        raise RpegError(f"calibrate: a measuring process of {len(args)} did not report (out of memory?)") from None
     finally:
         for p in procs:
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-    return out
 
 
 def _device_process(start, results, threads: int, seconds: float) -> None:

@@ -35,7 +35,6 @@ import contextlib
 import json
 import math
 import os
-import queue
 import statistics
 import sys
 import time
@@ -158,27 +157,19 @@ def probe_together(devices: int, threads: int, seconds: float, rate: float = 0.0
     """`devices` processes with `threads` threads each, measuring at once: the mean of their
     figures, with each figure's min and max in `spread`; then the loopback link between them
     (`loopback`: gloo all-reduces, as the runtime's process groups run on CPUs)."""
-    import multiprocessing as mp
     import socket
+
+    from rpeg.errors import RpegError
+    from rpeg.hardware.calibrate import measure_together
 
     with socket.socket() as s:  # a free port for the process group's rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")  # fresh interpreters: the thread counts apply before torch loads
-    start, results = ctx.Barrier(devices), ctx.Queue()
-    procs = [ctx.Process(target=_device_process, args=(start, results, threads, seconds, rate, r, devices, port),
-                         daemon=True) for r in range(devices)]
-    for p in procs:
-        p.start()
     try:
-        out = [results.get(timeout=120 + 4 * seconds) for _ in procs]
-    except queue.Empty:  # a process died before reporting
-        raise SystemExit(f"probe: a measuring process of {devices} did not report (out of memory?)") from None
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+        out = measure_together(_device_process, [(threads, seconds, rate, r, devices, port) for r in range(devices)],
+                               120 + 4 * seconds)
+    except RpegError as e:
+        raise SystemExit(f"probe: {e}") from None
     merged = dict(out[0])
     merged["spread"] = {}
     for key in ("layer_host_s", "layer_token_s"):
