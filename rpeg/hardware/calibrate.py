@@ -30,10 +30,11 @@ worker processes that share this machine's cores (each with cores // D threads),
 rate is what it reaches while the other D - 1 run too. D processes, each with that many threads,
 start together and time the same matmul and copy, each taking the median of its runs (with more
 processes than cores a process's best run is one the others left it alone for; the median is what
-it gets while all D run), then the layer probe, D processes at once (medians too), and
-the loopback link between them: gloo all-reduces, written as the file's `loopback:` section, which
-`load_cluster("cpu-local", D)` takes for the system level instead of its assumed figures);
-a device's figures are their mean (the spread is in the source), its memory RAM / D. They go to `cpu-local-x{D}.yaml` beside
+it gets while all D run), then the layer probe, D processes at once (medians too), the loopback
+link between them (gloo all-reduces, written as the file's `loopback:` section, which
+`load_cluster("cpu-local", D)` takes for the system level instead of its assumed figures) and what
+FSDP2 adds over them (`fsdp_unit_us`, `gather_tensor_us`). A device's figures are their mean (the
+spread is in the source), its memory RAM / D. They go to `cpu-local-x{D}.yaml` beside
 `cpu-local.yaml`; `load_cluster("cpu-local", D)` reads them and is an error until they exist.
 
 Measure (again): `rpeg calibrate [--seconds S] [--devices D]`.
@@ -199,8 +200,8 @@ def _add_layer_figures(data: dict, probe: dict | None, when: str, call: str) -> 
     shard = (link or {}).get("fsdp")
     if shard and shard["unit_s"] > 0 and shard["tensor_s"] > 0:  # D processes: FSDP2 as the trainer runs it
         base = (f"measured {when} by rpeg.hardware.calibrate.calibrate({call}) running `{probe['command']}`, torch "
-                f"{probe['torch']}: the probe model in the runtime's Trainer over {link['world']} processes, the median of "
-                f"15 each: logprobs over {shard['rows']} rows whole {shard['whole_s'] * 1e3:.2f} ms and FSDP2-sharded "
+                f"{probe['torch']}: the probe model in the runtime's Trainer over {link['world']} processes, the "
+                f"median of 15 each: logprobs over {shard['rows']} rows whole {shard['whole_s'] * 1e3:.2f} ms and FSDP2-sharded "
                 f"(fully_shard per layer and the root) {shard['sharded_s'] * 1e3:.2f} ms; the full weights gathered "
                 f"(full_state_dict, {shard['tensors']} tensors) {shard['gather_s'] * 1e3:.2f} ms")
         sources = data.pop("sources")

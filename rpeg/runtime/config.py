@@ -33,7 +33,7 @@ class RuntimeConfig:
     lr: float = 2e-5
     warmup_steps: int = 0
     grad_clip: float = 1.0
-    micro_batch: int = 64
+    micro_batch: int = 64  # rows a forward/backward call in the plan `rpeg train` makes (a given plan: its layouts')
     temperature: float = 1.0
     max_new_tokens: int = 8
     warmup_sft_steps: int = 0  # the warm-up's steps; with warmup_target, its upper bound

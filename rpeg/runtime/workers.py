@@ -268,7 +268,8 @@ class ColocatedWorker(_Where):
         self.engine = _engine(engine, own, tok, model_path, seed=seed, threads=threads, memory=engine_memory,
                               kv_mib=engine_kv_cache_mib, device=dev, sleep=self.sleeps)
         self.shares_model = isinstance(self.engine, HFEngine) and not sharded
-        self.ref = Trainer(_load(model_path)[0].eval(), config, ref_optim or optim, lm=True, **on) if reference else None
+        self.ref = (Trainer(_load(model_path)[0].eval(), config, ref_optim or optim, lm=True, **on) if reference
+                    else None)
         self.critic = Trainer(_load(model_path)[0], config, critic_optim or optim, lm=False, value=True, shard=sharded,
                               **on) if critic else None
 

@@ -149,7 +149,8 @@ def _eager_cpu(host_us: float, token_us: float):
 
     from rpeg.hardware import load_device
 
-    cpu = replace(load_device("h100-sxm"), name="box", kind="cpu", bf16_flop_per_s=200e9, hbm_bandwidth_bytes_per_s=25e9)
+    cpu = replace(load_device("h100-sxm"), name="box", kind="cpu", bf16_flop_per_s=200e9,
+                  hbm_bandwidth_bytes_per_s=25e9)
     return cpu, replace(cpu, layer_host_s=host_us * 1e-6, layer_token_s=token_us * 1e-6)
 
 
