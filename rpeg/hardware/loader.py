@@ -7,6 +7,7 @@ no source for bf16_dense_tflop_per_s`), never a traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.resources
 import math
 import os
@@ -180,9 +181,16 @@ def load_cluster(name_or_path: str | os.PathLike, gpus: int | None = None) -> Cl
         if link is not None:  # ... and the loopback between them, measured instead of assumed
             data = dict(data, levels=[_measured_loopback(lv, link) if lv.get("name") == "system" else lv
                                       for lv in data["levels"]])
+    sharing = ()
+    if shared is not None and all(cpu_local_path(k).is_file() for k in range(1, gpus)):
+        # one device as measured while k = 1 .. D of them run: the step model costs each stage by how
+        # many of the machine's devices are busy beside it (perf.step)
+        sharing = tuple(load_cpu_local(devices=k) for k in range(1, gpus)) + (shared,)
     cluster = cluster_from_data(data, where, default_name=preset or _stem(where), device=shared)
     if preset and cluster.name != preset:
         raise RpegError(f"{where}: name: {cluster.name!r} differs from the file name {preset!r}")
+    if sharing:
+        cluster = dataclasses.replace(cluster, sharing=sharing)
     if gpus is None:
         return cluster
     try:

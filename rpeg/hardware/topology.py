@@ -64,6 +64,9 @@ class Cluster:
     gpu_hour_usd: float = 0.0  # list price per device-hour; 0: none published
     sources: tuple[tuple[str, str], ...] = ()  # (key, where it comes from), e.g. ("levels.node.latency_us", ...)
     description: str = ""
+    # devices that share one machine's cores (cpu-local as D devices): sharing[k - 1] is one device as
+    # measured while k of them run (`rpeg calibrate --devices k`); empty where devices do not share
+    sharing: tuple[Device, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.levels:

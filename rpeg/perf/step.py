@@ -14,6 +14,7 @@ sync -> generation, which spans 1 + k steps.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from rpeg.errors import RpegError
@@ -51,6 +52,9 @@ class StepPrediction:
         return self.tokens / self.step_s / self.gpus if self.step_s > 0 else 0.0
 
 
+SHARING_ROUNDS = 4  # fixed-point rounds of the shared-cores model: busy fractions settle within a few
+
+
 def predict_step(graph: Graph, cluster: Cluster) -> StepPrediction:
     if not graph.groups:
         raise RpegError("the plan places no stage on devices: apply place(...) or colocate(...) first")
@@ -58,6 +62,21 @@ def predict_step(graph: Graph, cluster: Cluster) -> StepPrediction:
     cluster = cluster.with_gpus(gpus) if not cluster.gpus or cluster.gpus < gpus else cluster
     costs = {s.name: stage_cost(graph, s, cluster) for s in graph.stages}
     switch = _context_switch(graph)
+    pred = _step(graph, costs, switch, gpus)
+    if len(cluster.sharing) >= gpus > 1 and len({s.group for s in graph.stages if s.group}) > 1:
+        # devices sharing one machine's cores (cpu-local as D devices): a stage runs at the rate one
+        # device has while as many devices are busy as, on average, run beside it (its own group's,
+        # and each other group's devices for the share of the step that group is busy), not as if all
+        # D always were; a fixed point over the step's busy fractions
+        for _ in range(SHARING_ROUNDS):
+            costs = {s.name: stage_cost(graph, s, _sharing_at(cluster, _busy_beside(graph, s, pred)))
+                     for s in graph.stages}
+            pred = _step(graph, costs, switch, gpus)
+    return pred
+
+
+def _step(graph: Graph, costs: dict[str, StageCost], switch, gpus: int) -> StepPrediction:
+    costs = dict(costs)
     if switch is not None:
         costs[SWITCH] = switch[1]
     schedule = _schedule(graph, costs, switch[0] if switch else None)
@@ -75,6 +94,35 @@ def predict_step(graph: Graph, cluster: Cluster) -> StepPrediction:
     job = graph.job
     return StepPrediction(step_s=step_s, stages=costs, schedule=schedule, group_busy_s=busy, bottleneck=bottleneck,
                           sequences=job.sequences, tokens=job.sequences * job.mean_seq_len, gpus=gpus)
+
+
+def _busy_beside(graph: Graph, stage, pred: StepPrediction) -> float:
+    """How many of the machine's devices are busy, on average, while `stage` runs: its own group's,
+    and every group on other devices for the share of the step it is busy."""
+    if stage.group is None:
+        return 1.0
+    mine = graph.group(stage.group)
+    busy = float(mine.count)
+    for name, seconds in pred.group_busy_s.items():
+        other = graph.group(name)
+        if not other.overlaps(mine) and pred.step_s > 0:
+            busy += other.count * min(1.0, seconds / pred.step_s)
+    return busy
+
+
+def _sharing_at(cluster: Cluster, busy: float) -> Cluster:
+    """The cluster with its device as measured while `busy` of the machine's devices run, between
+    the calibrations for the whole numbers around it (rates, bandwidths and per-call and per-token
+    times interpolated; memory, links and the distributed-stack figures stay the plan's own)."""
+    k = min(max(busy, 1.0), float(len(cluster.sharing)))
+    lo, hi = cluster.sharing[int(k) - 1], cluster.sharing[min(int(k), len(cluster.sharing) - 1)]
+    w = k - int(k)
+    mix = {f: (1 - w) * getattr(lo, f) + w * getattr(hi, f)
+           for f in ("bf16_flop_per_s", "fp16_flop_per_s", "hbm_bandwidth_bytes_per_s")}
+    for f in ("layer_host_s", "layer_token_s"):  # measured in every calibration, or in none
+        a, b = getattr(lo, f), getattr(hi, f)
+        mix[f] = (1 - w) * a + w * b if a > 0 and b > 0 else getattr(cluster.device, f)
+    return dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, **mix))
 
 
 def fused_seconds(graph: Graph, group: tuple[str, ...], costs: dict[str, StageCost]) -> float:

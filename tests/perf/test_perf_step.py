@@ -172,3 +172,53 @@ def test_a_plan_that_fits_has_no_oom_and_reports_throughput(dgx):
     assert pred.fits and pred.oom == []
     assert pred.tokens == JOB.sequences * JOB.mean_seq_len
     assert pred.tokens_per_s_per_gpu == pytest.approx(pred.tokens / pred.step_s / 8, rel=1e-12)
+
+
+# ---- devices that share one machine's cores (cpu-local as D devices) ------------------------------------
+def _sharing_cluster(alone: float, together: float):
+    """A 2-device cluster whose devices run at `alone` x the base rate while only one of them is busy
+    and `together` x while both are (as `rpeg calibrate --devices 1` and `--devices 2` measure)."""
+    import dataclasses
+
+    c = load_cluster("dgx-h100", 2)
+
+    def at(x):
+        return dataclasses.replace(c.device, bf16_flop_per_s=c.device.bf16_flop_per_s * x,
+                                   hbm_bandwidth_bytes_per_s=c.device.hbm_bandwidth_bytes_per_s * x)
+    return dataclasses.replace(c, device=at(together), sharing=(at(alone), at(together)))
+
+
+def _split_async():
+    g = place(grpo(), {"gen": 1, "train": 1}, assign={"generate": "gen"}, default="train")
+    return bound_asynchrony(data_parallel(g), 1)
+
+
+def test_a_stage_on_shared_cores_runs_at_the_rate_of_the_devices_busy_beside_it():
+    import dataclasses
+
+    g = _split_async()
+    both_busy = predict_step(g, dataclasses.replace(_sharing_cluster(2.0, 1.0), sharing=()))
+    alone_rate = predict_step(g, _sharing_cluster(2.0, 2.0))  # every stage at the one-busy rate
+    shared = predict_step(g, _sharing_cluster(2.0, 1.0))
+    # the generation group is busy for part of the step only: training runs between the two rates
+    assert alone_rate.step_s < shared.step_s < both_busy.step_s
+    # calibrations that do not differ change nothing
+    same = _sharing_cluster(1.0, 1.0)
+    assert predict_step(g, same).step_s == pytest.approx(predict_step(g, dataclasses.replace(same, sharing=())).step_s)
+    # one group (a colocated plan): all its devices are busy together, so the D-device figures hold
+    one = colocated(2)
+    assert predict_step(one, _sharing_cluster(2.0, 1.0)).step_s == pytest.approx(
+        predict_step(one, dataclasses.replace(_sharing_cluster(2.0, 1.0), sharing=())).step_s)
+
+
+def test_only_cpu_local_as_several_devices_shares_cores(tmp_path, monkeypatch):
+    from rpeg.hardware.calibrate import calibrate
+
+    monkeypatch.setenv("RPEG_CACHE_DIR", str(tmp_path))
+    assert load_cluster("dgx-h100", 8).sharing == ()
+    calibrate(seconds=0.1, devices=2)
+    assert load_cluster("cpu-local", 2).sharing == ()  # one busy device not measured yet
+    calibrate(seconds=0.1)
+    two = load_cluster("cpu-local", 2)
+    assert [d.description.startswith(w) for d, w in zip(two.sharing, ("this machine", "one of 2"))] == [True, True]
+    assert two.sharing[-1] == two.device
