@@ -57,7 +57,7 @@ import yaml
 
 from rpeg.errors import RpegError
 from rpeg.hardware.device import Device
-from rpeg.hardware.loader import CACHE_ENV, CPU_LOCAL, LOOPBACK, cpu_local_path, device_from_data
+from rpeg.hardware.loader import CACHE_ENV, CPU_LOCAL, cpu_local_path, device_from_data, without_loopback
 
 MATMUL_N = 1024  # 2.1 GFLOP a run: tens of ms on a laptop core, so several runs fit the budget
 COPY_BYTES = 128 * 2**20  # per array; well past any last-level cache
@@ -133,8 +133,7 @@ def calibrate(path: str | os.PathLike | None = None, seconds: float = 2.0, devic
               f"rpeg.hardware.calibrate measured it. Delete this file, or run\n# {again}, to measure again. "
               "'hbm' is the machine's RAM here.\n")
     text = header + yaml.safe_dump(data, sort_keys=False, width=1000, allow_unicode=True)
-    parsed = {k: v for k, v in yaml.safe_load(text).items() if k != LOOPBACK}  # the link is the cluster's
-    device = device_from_data(parsed, str(path), default_name="cpu-local")
+    device = device_from_data(without_loopback(yaml.safe_load(text)), str(path), default_name="cpu-local")
     _write(path, text)
     return device
 

@@ -135,6 +135,11 @@ def cpu_local_path(devices: int = 1) -> pathlib.Path:
 def load_cpu_local(path: str | os.PathLike | None = None, devices: int = 1) -> Device:
     """The cpu-local device as `rpeg calibrate` wrote it (one of `devices` sharing this machine).
     Reading never measures: a machine not yet measured is an error that says how to measure it."""
+    return _load_cpu_local(path, devices)[0]
+
+
+def _load_cpu_local(path: str | os.PathLike | None, devices: int) -> tuple[Device, dict | None]:
+    """The device and its file's `loopback:` section (None without one), from one read of the file."""
     path = pathlib.Path(path) if path is not None else cpu_local_path(devices)
     command = "`rpeg calibrate" + (f" --devices {devices}" if devices > 1 else "") + "`"
     if not path.is_file():
@@ -143,9 +148,8 @@ def load_cpu_local(path: str | os.PathLike | None = None, devices: int = 1) -> D
                             f"writes {path})")
     try:
         data = read_yaml_file(str(path))
-        if isinstance(data, dict):
-            data = {k: v for k, v in data.items() if k != LOOPBACK}
-        return device_from_data(data, str(path), default_name=CPU_LOCAL)
+        device = device_from_data(without_loopback(data), str(path), default_name=CPU_LOCAL)
+        return device, _loopback(data, f"{path}: {LOOPBACK}")
     except RpegError as e:
         raise RpegError(f"{e} (delete the file or run {command} to measure again)") from None
 
@@ -153,17 +157,19 @@ def load_cpu_local(path: str | os.PathLike | None = None, devices: int = 1) -> D
 LOOPBACK = "loopback"  # a D-device calibration's measured link between its D processes
 
 
-def cpu_local_loopback(devices: int) -> dict | None:
+def without_loopback(data: Any) -> Any:
+    """A cpu-local file's figures without its `loopback:` section (the link is the cluster's)."""
+    return {k: v for k, v in data.items() if k != LOOPBACK} if isinstance(data, dict) else data
+
+
+def _loopback(data: Any, where: str) -> dict | None:
     """The loopback link `rpeg calibrate --devices D` measured between its D processes
     (`bandwidth_gbit_per_s`, `latency_us`, `sources`), or None when the file has none."""
-    data = read_yaml_file(str(cpu_local_path(devices)))
     link = data.get(LOOPBACK) if isinstance(data, dict) else None
     if link is None:
         return None
-    where = f"{cpu_local_path(devices)}: {LOOPBACK}"
     if not isinstance(link, dict) or set(link) != {"bandwidth_gbit_per_s", "latency_us", "sources"}:
-        raise RpegError(f"{where}: expected bandwidth_gbit_per_s, latency_us and sources (run `rpeg calibrate "
-                        f"--devices {devices}` to measure again)")
+        raise RpegError(f"{where}: expected bandwidth_gbit_per_s, latency_us and sources")
     for key in ("bandwidth_gbit_per_s", "latency_us"):
         _number(link[key], f"{where}.{key}")
     return link
@@ -176,8 +182,7 @@ def load_cluster(name_or_path: str | os.PathLike, gpus: int | None = None) -> Cl
     data, where, preset = _read("clusters", name_or_path)
     shared = None
     if preset == CPU_LOCAL and gpus and gpus > 1:  # D devices share this machine's cores: each has what it
-        shared = load_cpu_local(devices=gpus)  # measured while all D ran (`rpeg calibrate --devices D`)
-        link = cpu_local_loopback(gpus)
+        shared, link = _load_cpu_local(None, gpus)  # measured while all D ran (`rpeg calibrate --devices D`)
         if link is not None:  # ... and the loopback between them, measured instead of assumed
             data = dict(data, levels=[_measured_loopback(lv, link) if lv.get("name") == "system" else lv
                                       for lv in data["levels"]])
