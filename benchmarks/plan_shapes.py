@@ -26,7 +26,7 @@ import tempfile
 from rpeg.algorithms import Models, build_graph
 from rpeg.errors import RpegError
 from rpeg.graph.serde import from_data
-from rpeg.passes import bound_asynchrony, colocate, fuse, parallelize, place, share_actor_critic, stream
+from rpeg.passes import bound_asynchrony, colocate, fuse, parallelize, place, refit, share_actor_critic, stream
 from rpeg.runtime.config import RuntimeConfig
 from rpeg.runtime.plan_check import check_plan
 from rpeg.spec import load_spec
@@ -64,7 +64,8 @@ def shapes(job, spec) -> dict:
             lay.update({s.name: train["layout"] for s in g.stages if s.group == "train" and s.model})
         if gen:
             lay["generate"] = gen["layout"]
-        return _laid_out(g, lay)
+        # the runtime's sync gathers every tensor in full and broadcasts it from rank 0 (plan_check)
+        return _laid_out(refit(g, "full") if train or gen else g, lay)
 
     return {
         "colocated synchronous": lambda: _laid_out(colocate(grpo(), 1)),

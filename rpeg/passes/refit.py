@@ -2,8 +2,9 @@
 
 `shard` (the default): each device gathers only the tensor-parallel shard its engine slice needs,
 from the training shards of its model-parallel group: verl's 3D-HybridEngine with Megatron
-(HybridFlow, arXiv 2409.19256, section 5: zero redundancy), ReaL's parameter reallocation, and
-RPEG's own runtime.
+(HybridFlow, arXiv 2409.19256, section 5: zero redundancy) and ReaL's parameter reallocation.
+RPEG's runtime does `full` (below), and refuses `shard` where the two differ (training tensor- or
+pipeline-parallel, or generation tensor-parallel: rpeg/runtime/plan_check.py).
 
 `full`: each device gathers every tensor in full and its engine takes its slice, so every device
 receives the whole model once per step: NeMo-RL's Megatron refit (nemo_rl/models/megatron/

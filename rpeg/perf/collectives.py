@@ -137,6 +137,14 @@ def weight_tensors(spec) -> int:
         (1 if spec.position_embeddings else 0)
 
 
+def tp_split_tensors(spec) -> int:
+    """The weight tensors tensor parallelism splits: `weight_tensors` less the norms, which every
+    tensor-parallel rank holds whole (Megatron's `tensor_model_parallel` attribute; a Replicate
+    DTensor), so gathering the full weights moves no data for them."""
+    norms = spec.layers * (2 + 2 * spec.qk_norm + (2 if spec.attention == "mla" else 0)) + 1
+    return max(1, weight_tensors(spec) - norms)
+
+
 def tensorwise_all_gather_s(cluster: Cluster, nbytes: float, group: Group, tensors: int) -> float:
     """An all-gather of `nbytes` in `tensors` collectives of equal size, one after another."""
     tensors = max(1, int(tensors))

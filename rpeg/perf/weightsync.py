@@ -22,7 +22,8 @@ from rpeg.graph.layout import ParallelLayout
 from rpeg.graph.model import ModelSpec
 from rpeg.hardware.topology import Cluster
 from rpeg.perf import memory
-from rpeg.perf.collectives import Group, all_gather_s, broadcast_s, tensorwise_all_gather_s, weight_tensors
+from rpeg.perf.collectives import (Group, all_gather_s, broadcast_s, tensorwise_all_gather_s, tp_split_tensors,
+                                   weight_tensors)
 from rpeg.perf.compute import BF16
 from rpeg.perf.cost import StageCost
 from rpeg.perf.efficiency import HBM, HOST_LINK_BYTES_PER_S, link_efficiency
@@ -90,8 +91,9 @@ def full_gather_parts(spec: ModelSpec, train: ParallelLayout, cluster: Cluster) 
     if train.zero >= 3 and train.dp > 1:
         parts.append(("gather over data parallelism", _dp_gather_s(spec, cluster, total / (train.tp * train.pp),
                                                                    train)))
-    if train.tp > 1:
-        parts.append(("gather over tensor parallelism", all_gather_s(cluster, dense / train.pp, Group(train.tp, 1))))
+    if train.tp > 1:  # each split tensor its own collective, as NeMo-RL's gather_params and DTensor's full_tensor()
+        parts.append(("gather over tensor parallelism",
+                      _tensorwise_s(cluster, dense / train.pp, Group(train.tp, 1), tp_split_tensors(spec) / train.pp)))
     if experts and train.ep > 1:
         parts.append(("gather experts", all_gather_s(cluster, experts / train.pp, Group(train.ep, 1))))
     if train.pp > 1:
@@ -104,10 +106,15 @@ def _dp_gather_s(spec: ModelSpec, cluster: Cluster, nbytes: float, train: Parall
     """The weights gathered from their ZeRO-3 shards one tensor at a time (FSDP's full_tensor(),
     ZeRO-3's GatheredParameters): a collective each; per tensor as measured where it was (cpu-local:
     `gather_tensor_us`, FSDP2 over gloo)."""
-    tensors = weight_tensors(spec)
+    return _tensorwise_s(cluster, nbytes, Group(train.dp, train.tp * train.cp), weight_tensors(spec))
+
+
+def _tensorwise_s(cluster: Cluster, nbytes: float, group: Group, tensors: float) -> float:
+    """`nbytes` gathered over `group` in `tensors` collectives one after another; per tensor as
+    measured where it was (cpu-local: `gather_tensor_us`, a DTensor's full_tensor() over gloo)."""
     if cluster.device.gather_tensor_s > 0:
-        return tensors * cluster.device.gather_tensor_s
-    return tensorwise_all_gather_s(cluster, nbytes, Group(train.dp, train.tp * train.cp), tensors)
+        return max(1.0, tensors) * cluster.device.gather_tensor_s
+    return tensorwise_all_gather_s(cluster, nbytes, group, max(1, round(tensors)))
 
 
 def _convert_s(total: float, dev) -> float:

@@ -88,6 +88,11 @@ def check_plan(graph: Graph) -> None:
                             f"its FSDP2 shard: generation and training must share one group with data parallelism "
                             f"only (generate {gen.layout.describe()}, actor_update {train.layout.describe()} on "
                             f"{train.group!r}); give generation its own devices for tensor parallelism")
+    if graph.refit_gather == "shard" and (train.layout.tp * train.layout.pp > 1 or gen.layout.tp > 1):
+        raise RpegError(f"the plan's weight sync sends each engine slice only its shard (refit gather 'shard', with "
+                        f"actor_update {train.layout.describe()} and generate {gen.layout.describe()}); the runtime "
+                        "gathers every tensor in full and broadcasts it from the trainer's rank 0: plan it with "
+                        "refit(gather='full')")
 
 
 def _check_on_shards(graph: Graph, forward, update, fused: bool) -> None:

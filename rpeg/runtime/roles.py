@@ -180,10 +180,14 @@ class Role:
 
     def collective(self, op: str):
         """A call every rank takes part in (gathering sharded weights); rank 0's result."""
-        return self.ray.get([getattr(w, self.methods[op]).remote() for w in self.workers])[0]
+        return self.each(op)[0]
 
     def each(self, op: str, *args) -> list:
-        return self.ray.get([getattr(w, self.methods[op]).remote(*args) for w in self.workers])
+        return self.ray.get(self.start_each(op, *args))
+
+    def start_each(self, op: str, *args) -> list:
+        """`op` started on every worker with the same arguments: the futures."""
+        return [getattr(w, self.methods[op]).remote(*args) for w in self.workers]
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,9 +230,17 @@ class Engines:
         """All of `prompts` on the first engine (held-out evaluation)."""
         return self.ray.get([w.generate.remote(prompts, params, seed) for w in self.ranks[0]])[0]
 
-    def load(self, state, version: int) -> tuple[float, float]:
-        """New weights (None: from the trainer in the same process) into every engine: the span."""
-        return joined(self.ray.get([w.load_weights.remote(state, version) for ranks in self.ranks for w in ranks]))
+    @property
+    def workers(self) -> list:
+        return [w for ranks in self.ranks for w in ranks]
+
+    def load(self, version: int) -> Span:
+        """The trainer's new weights, in the same process, into every engine: the span."""
+        return joined(self.ray.get([w.load_weights.remote(None, version) for w in self.workers]))
+
+    def receive(self, version: int) -> list:
+        """Every engine rank starts taking the weights broadcast over the weight-sync group: the futures."""
+        return [w.receive_weights.remote(version) for w in self.workers]
 
 
 @dataclass
@@ -291,7 +303,7 @@ class Roles:
         def first(stage: str) -> int:
             return graph.group(graph.stage(stage).group).first
         model_ops = {"logprobs": "logprobs", "values": "values", "train": "train", "state": "checkpoint_state",
-                     "restore": "restore", "weights": "state_dict", "train_fused": "train_fused"}
+                     "restore": "restore", "train_fused": "train_fused", "send": "send_weights"}
         port = 29500 + random.Random(os.getpid()).randrange(2000)
 
         def meet(device: int, offset: int = 0) -> str:  # a group's rendezvous: its rank 0's node, here otherwise
@@ -318,7 +330,7 @@ class Roles:
         threads = rt.threads or max(1, cores // (ngen * gtp + ntrain))
         ranks = []
         for j in range(ngen):  # engine j: its gtp consecutive devices, a process group of its own when gtp > 1
-            master = meet(first(names.generate) + j * gtp, 2 + j) if gtp > 1 else ""
+            master = meet(first(names.generate) + j * gtp, 3 + j) if gtp > 1 else ""
             ranks.append([remote(W.RolloutWorker, first(names.generate) + j * gtp + r).remote(
                 model_path, threads, rt.deterministic, rt.engine, rt.seed + j, rt.engine_memory,
                 rt.engine_kv_cache_mib, rank=r, tp=gtp, master=master, **dev) for r in range(gtp)])
@@ -342,9 +354,15 @@ class Roles:
                 master=meet(first(names.critic_update), 1), tp=clay.tp, threads=threads, deterministic=rt.deterministic,
                 seed=rt.seed, **dev) for r in range(clay.devices)]
             critic = Role(ray, critics, model_ops, tp=clay.tp)
-        everyone = [w for rs in ranks for w in rs] + trainers + (reference.workers if reference else []) + \
+        engines = Engines(ray, ranks)
+        # the weight-sync group: the actor's rank 0 and every engine rank, meeting at rank 0 (runtime.weights)
+        metas = ray.get([t.weight_manifest.remote() for t in trainers])[0]
+        sync, world = meet(first(names.actor_update), 2), 1 + len(engines.workers)
+        ray.get([trainers[0].open_channel.remote(sync, world, metas)] +
+                [w.open_channel.remote(sync, 1 + i, world, metas) for i, w in enumerate(engines.workers)])
+        everyone = engines.workers + trainers + (reference.workers if reference else []) + \
             (critic.workers if critic is not None and critic is not actor else [])
-        return cls(ray, False, Engines(ray, ranks), actor, reference, critic, has_critic, everyone, place)
+        return cls(ray, False, engines, actor, reference, critic, has_critic, everyone, place)
 
     def update(self, batch: Batch, *args, fused: bool = False) -> Updated:
         """The actor's update and a trained critic's. Fused by the plan on one worker, their optimizer
@@ -375,13 +393,15 @@ class Roles:
         if self.placement is not None:
             self.placement.close()
 
-    def push_weights(self, version: int) -> tuple[float, float]:
-        """New actor weights into the engines: in-process when colocated, else through the object store."""
+    def push_weights(self, version: int) -> Span:
+        """New actor weights into the engines: in-process when colocated, else the actor's ranks gather
+        them and its rank 0 broadcasts them over the weight-sync group (never through the driver)."""
         if self.colocated:
-            return self.engines.load(None, version)
+            return self.engines.load(version)
         t = time.time()
-        ref = self.ray.put(self.actor.collective("weights"))
-        return t, self.engines.load(ref, version)[1]
+        sends, receives = self.actor.start_each("send"), self.engines.receive(version)
+        spans = self.ray.get(sends + receives)
+        return Span(t, max(s.end for s in spans))
 
     def states(self) -> dict:
         """What a checkpoint keeps of the models: the actor's and a trained critic's state."""

@@ -4,7 +4,8 @@ A private local Ray cluster starts by itself (its own temp dir, no dashboard) un
 config or RAY_ADDRESS names one. Workers are placed per the plan (`roles.Roles`): a colocated plan
 runs generation, reference and training in one worker process (the engine samples with the
 trainer's model); a disaggregated plan runs `dp` generation engines and an FSDP2 training group of
-`dp` ranks, and ships new weights through the Ray object store. The loop below sees neither: it
+`dp` ranks, whose rank 0 broadcasts new weights to the engines over a process group of its own
+(`runtime.weights`). The loop below sees neither: it
 calls each role's uniform operations and names stages only as the graph does (`step_stages`);
 one step's tasks (generation parts, scoring, inference, advantages, updates) are `step.Steps`'.
 Bounded asynchrony: generation for step s + j is launched as soon as it may run on the current

@@ -284,10 +284,14 @@ class Trainer:
         return self._optimizer_step(self.pipe.from_last(metrics))
 
     # ---- state -------------------------------------------------------------------------------------
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The model's full weights (gathered from the shards), for weight sync and checkpoints."""
+    def full_state_dict(self, keep_device: bool = False) -> dict[str, torch.Tensor]:
+        """The model's full weights (gathered from the shards), for weight sync and checkpoints: host
+        copies, or with `keep_device` the gathered tensors where they are (not to be modified: the
+        weights themselves where unsharded), for a broadcast that reads them once."""
         sd = self.model.state_dict()
-        full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu().clone() for k, v in sd.items()}
+        full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach() for k, v in sd.items()}
+        if self.pipe is not None or not keep_device:
+            full = {k: v.cpu().clone() for k, v in full.items()}
         if self.pipe is not None:  # every stage's part: the stages keep the full model's names
             return {k: v for part in self.pipe.gathered(full) for k, v in part.items()}
         return full

@@ -22,6 +22,7 @@ from rpeg.runtime.batch import Batch
 from rpeg.runtime.models import autocast
 from rpeg.runtime.rollout import HFEngine, SamplingParams
 from rpeg.runtime.trainer import MicroBatch, OptimConfig, Trainer
+from rpeg.runtime.weights import Channel, Meta, manifest
 
 
 class _Where:
@@ -140,6 +141,8 @@ class RolloutWorker(_Where):
             tensor_parallel(model, init_device_mesh(dev or "cpu", (tp,), mesh_dim_names=("tp",)))
         self.engine = _engine(engine, model, tok, model_path, seed=seed, threads=threads, memory=engine_memory,
                               kv_mib=engine_kv_cache_mib, tp=tp > 1, device=dev)
+        self.device = dev
+        self.channel: Channel | None = None
 
     def generate(self, prompts, params: SamplingParams, seed: int):
         out = _timed(self.engine.generate, prompts, params, seed)
@@ -147,6 +150,19 @@ class RolloutWorker(_Where):
 
     def load_weights(self, state_dict, version: int):
         return _timed(self.engine.load_weights, state_dict, version).span
+
+    def open_channel(self, master: str, rank: int, world: int, metas: tuple[Meta, ...]) -> None:
+        """Join the weight-sync group (runtime.weights) as rank `rank` of `world`: a receiver."""
+        self.channel = Channel(master, rank, world, metas, self.device)
+
+    def receive_weights(self, version: int):
+        """The trainer's new weights, broadcast over the weight-sync group, into the engine: the span."""
+        t = time.time()
+        state = self.channel.receive()
+        if not isinstance(self.engine, HFEngine):  # vllm pickles them to its workers: a view would take its bucket
+            state = {k: v.clone() for k, v in state.items()}
+        self.engine.load_weights(state, version)
+        return Span(t, time.time())
 
 
 class TrainerWorker(_Where):
@@ -165,7 +181,8 @@ class TrainerWorker(_Where):
         model, _ = _load(model_path)
         self.trainer = Trainer(model, config, optim, lm=lm, value=value, shard=world > tp * pp, tp=tp, pp=pp,
                                pp_schedule=pp_schedule, device=dev, bf16=dev is not None)
-        self.rank = rank
+        self.rank, self.device = rank, dev
+        self.channel: Channel | None = None
 
     def logprobs(self, batch: Batch):
         return _timed(self.trainer.logprobs, batch)
@@ -176,8 +193,21 @@ class TrainerWorker(_Where):
     def train(self, batch: Batch, epochs: int, mini_batches: int, seed: int):
         return _timed(self.trainer.train, batch, epochs, mini_batches, seed)
 
-    def state_dict(self):
-        return self.trainer.full_state_dict()
+    def weight_manifest(self) -> tuple[Meta, ...]:
+        """The full weights' names, shapes and dtypes (every rank gathers; rank 0's stands)."""
+        return manifest(self.trainer.full_state_dict())
+
+    def open_channel(self, master: str, world: int, metas: tuple[Meta, ...]) -> None:
+        """Rank 0: form the weight-sync group (runtime.weights) with the `world - 1` engine ranks."""
+        self.channel = Channel(master, 0, world, metas, self.device)
+
+    def send_weights(self):
+        """Every rank gathers the full weights; rank 0 broadcasts them to the engines: the span."""
+        t = time.time()
+        state = self.trainer.full_state_dict(keep_device=True)
+        if self.channel is not None:
+            self.channel.send(state)
+        return Span(t, time.time())
 
     def checkpoint_state(self):
         return self.trainer.checkpoint_state()
@@ -332,9 +362,6 @@ class ColocatedWorker(_Where):
         if self.shares_model:
             self.engine.model.eval()
         return out
-
-    def state_dict(self):
-        return self.actor.full_state_dict()
 
     def checkpoint_state(self):
         return self.actor.checkpoint_state()

@@ -13,7 +13,7 @@ import torch
 from rpeg.algorithms import Models, build_graph
 from rpeg.errors import RpegError
 from rpeg.graph import Job, LengthDistribution, get_model
-from rpeg.passes import bound_asynchrony, colocate, parallelize, place
+from rpeg.passes import bound_asynchrony, colocate, parallelize, place, refit
 from rpeg.runtime.config import RuntimeConfig
 from rpeg.runtime.run import run
 
@@ -204,11 +204,14 @@ def test_tensor_parallel_training_group(tmp_path):
     g = lay(g, "generate", dp=1)
     for name in ("actor_logprobs", "actor_update"):
         g = lay(g, name, dp=1, tp=2)
+    with pytest.raises(RpegError, match="refit"):  # the runtime's sync gathers in full; the plan must say so
+        run(g, rt(tmp_path / "refused", steps=2), progress=False)
+    g = refit(g, "full")
     result = run(g, rt(tmp_path, steps=2), progress=False)
     assert len(result.metrics) == 2 and all(m["grad_norm"] >= 0 and "pg_loss" in m for m in result.metrics)
     updates = [r for r in result.timeline.records if r.unit == "actor_update"]
     assert updates and all(r.devices == (1, 2) for r in updates)  # the training group's two devices
-    # on-policy: the engine got each step's weights through the object store, so its logprobs are the trainer's
+    # on-policy: the engine got each step's weights over the weight-sync group, so its logprobs are the trainer's
     assert all(m["logprob_gap_max"] < 1e-4 for m in result.metrics), [m["logprob_gap_max"] for m in result.metrics]
 
 
@@ -254,7 +257,7 @@ def test_tensor_parallel_generation_engine(tmp_path):
     g = lay(g, "generate", dp=1, tp=2)
     for name in ("actor_logprobs", "actor_update"):
         g = lay(g, name, dp=1)
-    result = run(g, rt(tmp_path, steps=2), progress=False)
+    result = run(refit(g, "full"), rt(tmp_path, steps=2), progress=False)
     assert all(m["logprob_gap_max"] < 1e-4 for m in result.metrics), [m["logprob_gap_max"] for m in result.metrics]
     assert all(r.devices == (0, 2) for r in result.timeline.records if r.unit == "generate")
 
@@ -268,6 +271,7 @@ def test_pipeline_parallel_training_group(tmp_path):
     g = lay(g, "generate", dp=1)
     for name in ("actor_logprobs", "actor_update"):
         g = lay(g, name, dp=1, pp=2, micro_batch=8)
+    g = refit(g, "full")
     result = run(g, rt(tmp_path, steps=2), progress=False)
     assert all(m["logprob_gap_max"] < 1e-4 for m in result.metrics), [m["logprob_gap_max"] for m in result.metrics]
     assert any(m["grad_norm"] > 0 for m in result.metrics)
