@@ -46,3 +46,17 @@ def test_every_shape_builds_and_is_run_or_refused_with_a_reason():
     assert ("colocated synchronous", 1) in accepted and any(d > 1 for _, d in accepted)
     # issue 11's shapes all run: streaming, colocated on 2 devices, pipeline and tensor parallelism
     assert not refused, refused
+
+
+def test_calibration_rounds_span_the_run_and_each_reads_its_own_folder(tmp_path, monkeypatch):
+    from rpeg.hardware.loader import CACHE_ENV, cpu_local_path
+
+    mod = _module()
+    assert mod.calibration_points(13, 3) == [0, 6, 13]  # before the first, at half, after the last
+    assert mod.calibration_points(13, 1) == [0] and mod.calibration_points(4, 5) == [0, 1, 2, 3, 4]
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "mine"))
+    with mod.cache_folder(str(tmp_path / "round")):
+        assert cpu_local_path(2) == tmp_path / "round" / "cpu-local-x2.yaml"
+    assert cpu_local_path(1) == tmp_path / "mine" / "cpu-local.yaml"
+    with mod.cache_folder(None):
+        assert cpu_local_path(1) == tmp_path / "mine" / "cpu-local.yaml"
