@@ -179,7 +179,7 @@ def _add_layer_figures(data: dict, probe: dict | None, when: str, call: str) -> 
     (r1, r2), (t1, t2) = probe["rows"], probe["times_s"]
     how = (f"measured {when} by rpeg.hardware.calibrate.calibrate({call}) running `{probe['command']}`, torch "
            f"{probe['torch']}, {probe['threads']} thread(s): a Qwen2ForCausalLM of random weights ({dims}; fp32, "
-           f"sdpa, eval, no_grad), forward over {probe['seq']}-token rows, best of repeated runs: {r1} rows "
+           f"sdpa, eval, no_grad), forward over {probe['seq']}-token rows, median of repeated runs: {r1} rows "
            f"{t1 * 1e3:.3f} ms, {r2} rows {t2 * 1e3:.3f} ms; {probe['fit']}")
     spread = probe.get("spread")
     if spread:

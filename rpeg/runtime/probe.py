@@ -12,9 +12,11 @@ planning side never imports torch, and writes two figures into the cpu-local dev
 How: a Qwen2ForCausalLM with random weights is built in-process (no downloads) at PROBE dims,
 deliberately not the tiny test model's, so the figures are not fitted to the model they will
 predict. Under `torch.no_grad()` a forward of SEQ tokens a row is timed at R1 and R2 rows, each
-the best of repeated runs within its half of the budget (interleaved, so that other load on the
-machine falls on both alike); t(r) = a + b*r through the two points. The model call and the
-output head count as one more layer (`units` = layers + 1): layer_host_s = a / units and
+the median of repeated runs within its half of the budget (interleaved, so that other load on the
+machine falls on both alike; the median, not the best, because a run's step time is the median of
+its steps and what it pays is the typical call: on this VM one process's best 32-row forward
+varied from 15.1 to 18.5 ms between five probes a few seconds apart); t(r) = a + b*r through the
+two points. The model call and the output head count as one more layer (`units` = layers + 1): layer_host_s = a / units and
 layer_token_s = (b - flops_per_row / matmul rate) / (SEQ x units), with flops_per_row what the
 perf model counts for this shape (`layer_flops_per_row`). A fit with a <= 0 or a per-token time
 <= 0 (noise: a loaded machine) is reported as such and calibrate writes neither figure.
@@ -96,8 +98,8 @@ def probe(threads: int, seconds: float, ready=None, matmul_flop_per_s: float = 0
         ready()
     masks = {r: torch.ones_like(ids) for r, ids in inputs.items()}
     with torch.no_grad():
-        times = _best_times([lambda r=r: model(input_ids=inputs[r], attention_mask=masks[r]) for r in ROWS], seconds,
-                            shared=ready is not None)
+        times = _typical_times([lambda r=r: model(input_ids=inputs[r], attention_mask=masks[r]) for r in ROWS],
+                               seconds)
     (r1, r2), (t1, t2) = ROWS, times
     per_row = layer_flops_per_row(spec)
     units = spec.layers + 1  # the model call and the output head count as one more layer
@@ -124,32 +126,31 @@ def _torch_matmul_rate(torch) -> float:
     return 2 * 1024**3 / best
 
 
-def _best_times(runs, budget_s: float, shared: bool = False) -> list[float]:
-    """The shortest time of each run, over repeated calls within the budget: WARMUP calls of each
+def _typical_times(runs, budget_s: float) -> list[float]:
+    """The median time of each run, over repeated calls within the budget: WARMUP calls of each
     first, then rounds in which each run is called for about the same time (so each has its share
     of the budget, and a load that comes and goes on this machine falls on all of them alike), until
-    the budget is spent and each has had MIN_RUNS calls. `shared` (one of D processes measuring
-    together): the median time instead, what a process gets while the others run (with more
-    processes than cores its shortest is a moment the others left it alone)."""
+    the budget is spent and each has had MIN_RUNS calls. The median, not the shortest: what a run
+    pays is the typical call (with D processes measuring together, more processes than cores, the
+    shortest is a moment the others left it alone; alone, a moment the machine ran fast)."""
     for run in runs:
         for _ in range(WARMUP):
             run()
-    best, calls = [math.inf] * len(runs), [0] * len(runs)
     seen: list[list[float]] = [[] for _ in runs]
     deadline = time.perf_counter() + budget_s
-    while min(calls) < MIN_RUNS or time.perf_counter() < deadline:
-        share = max(best) if max(best) < math.inf else 0.0  # a round: about the slowest run's time each
+    while min(len(t) for t in seen) < MIN_RUNS or time.perf_counter() < deadline:
+        # a round: about the slowest run's typical time each
+        share = max(statistics.median(t) for t in seen) if all(seen) else 0.0
         for i, run in enumerate(runs):
             until = time.perf_counter() + share
             while True:
                 start = time.perf_counter()
                 run()
                 end = time.perf_counter()
-                best[i], calls[i] = min(best[i], end - start), calls[i] + 1
                 seen[i].append(end - start)
                 if end >= until:
                     break
-    return [statistics.median(t) for t in seen] if shared else best
+    return [statistics.median(t) for t in seen]
 
 
 # ---- several devices sharing this machine's cores -------------------------------------------------
