@@ -8,8 +8,8 @@ its devices (measured as that many devices sharing the cores: this benchmark run
 `rpeg calibrate --devices D` for every D it needs, in the same run, so every count is measured
 under the same load), run for `--warmup` + `--steps` steps, and its step time taken as the median
 of the steps after the warm-up. This machine's speed drifts by tens of percent within minutes, so
-the calibration is measured in `--calibrations` rounds (3: before the first shape, after half of
-them, after the last; each into its own folder) and a shape's prediction is the median of its
+the calibration is measured in `--calibrations` rounds (5, evenly spaced from before the first
+shape to after the last; each into its own folder) and a shape's prediction is the median of its
 predictions with each round's figures (their range is in the JSON); `--reuse-calibration`
 predicts with the files already in the cache folder instead. Shapes the runtime refuses are listed
 with its reason. Prints JSON, including Kendall's tau between the predicted and the measured order
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--only", nargs="*", help="run only these shapes (names as printed)")
-    ap.add_argument("--calibrations", type=int, default=3,
+    ap.add_argument("--calibrations", type=int, default=5,
                     help="rounds of calibration spread over the run (before the first shape, ..., after the last); "
                          "each shape's prediction is the median of its prediction with each round's figures")
     ap.add_argument("--reuse-calibration", action="store_true",
