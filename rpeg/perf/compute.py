@@ -154,7 +154,7 @@ def head_forward(spec: ModelSpec, device: Device, *, tokens: float, tp: int = 1,
     flops = 2.0 * tokens * spec.vocab * spec.hidden / tp
     weight_bytes = BF16 * spec.vocab * spec.hidden / tp
     logits_bytes = 4 * tokens * spec.vocab / tp * 2  # fp32 logits written and read by the log-softmax
-    gemm_s = max(flops / gemm_rate, (weight_bytes + BF16 * tokens * spec.hidden) / bw)
     if device.layer_token_s > 0:
         return _eager(device, tokens, flops, weight_bytes + logits_bytes, gemm_rate, bw)
+    gemm_s = max(flops / gemm_rate, (weight_bytes + BF16 * tokens * spec.hidden) / bw)
     return LayerTime(gemm_s, 0.0, logits_bytes / bw, flops, weight_bytes + logits_bytes)

@@ -120,6 +120,10 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
     # time: each decoder layer, and the root with the embedding and head (FSDP2's fully_shard per layer)
     units = math.ceil(layers_per_stage) + 1
     dp_s = opt_s = 0.0
+    # measured (cpu-local): what FSDP2 adds per unit of a forward, exposed (gloo on the same cores); a
+    # backward gathers again and reduce-scatters the gradients: three times the forward's
+    fsdp_measured = layout.zero == 3 and dev.fsdp_unit_s > 0 and dp * cp > 1
+    fsdp_measured_s = (1 if work.forward_only else 3) * m * units * dev.fsdp_unit_s
     params_dev = memory.params_per_device(spec, layout)
     if not work.forward_only:
         split = memory.device_params(spec, layout)
@@ -136,10 +140,8 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
             sync += all_reduce_s(cluster, expert_params * grad_bytes, Group(edp, ep))
         exposed = 1.0 if m == 1 else (1 - DP_OVERLAP.value)
         dp_s = sync * exposed
-        if layout.zero == 3 and dev.fsdp_unit_s > 0 and dp * cp > 1:
-            # measured (cpu-local): what FSDP2 adds per unit of a forward, exposed (gloo on the same cores);
-            # a backward gathers again and reduce-scatters the gradients: three times the forward's
-            dp_s = 3 * m * units * dev.fsdp_unit_s
+        if fsdp_measured:
+            dp_s = fsdp_measured_s
         elif layout.zero == 3:  # parameters gathered before each micro-batch's forward and backward
             gather = tensorwise_all_gather_s(cluster, params_dev * BF16, Group(dp, tp * cp), units)
             dp_s += max(0.0, 2 * m * gather - pipeline_s) + gather
@@ -147,8 +149,8 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
         dense_dp, expert_dp = memory.data_parallel_groups(spec, layout) if layout.zero >= 1 else (1, 1)
         opt_s = (dense_params / dense_dp + expert_params / expert_dp) * OPTIMIZER_BYTES_PER_PARAM.value / (
             dev.hbm_bandwidth_bytes_per_s * HBM[dev.kind].value)
-    if work.forward_only and layout.zero == 3 and dev.fsdp_unit_s > 0 and dp * cp > 1:
-        dp_s = m * units * dev.fsdp_unit_s  # measured (cpu-local), as above
+    if work.forward_only and fsdp_measured:
+        dp_s = fsdp_measured_s
     elif work.forward_only and layout.zero == 3:  # FSDP forward: gather each micro-batch's weights, overlapped
         gather = tensorwise_all_gather_s(cluster, params_dev * BF16, Group(dp, tp * cp), units)
         dp_s = max(0.0, m * gather - pipeline_s) + gather

@@ -303,7 +303,8 @@ class Roles:
         def first(stage: str) -> int:
             return graph.group(graph.stage(stage).group).first
         model_ops = {"logprobs": "logprobs", "values": "values", "train": "train", "state": "checkpoint_state",
-                     "restore": "restore", "train_fused": "train_fused", "send": "send_weights"}
+                     "restore": "restore", "train_fused": "train_fused", "send": "send_weights",
+                     "logprobs_values": "logprobs_values"}
         port = 29500 + random.Random(os.getpid()).randrange(2000)
 
         def meet(device: int, offset: int = 0) -> str:  # a group's rendezvous: its rank 0's node, here otherwise

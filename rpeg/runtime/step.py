@@ -213,16 +213,24 @@ class Steps:
         roles, names = self.roles, self.names
         if self.fused:
             batch.extras["old_logprobs"] = batch.rollout_logprobs
-        calls = [(names.actor_logprobs, "old_logprobs", roles.actor)] if not self.fused else []
+        # (stage, what it writes, role, operation); a value head on the policy whose plan computes old
+        # logprobs and values in one stage gets both from the same forward passes
+        both = not self.fused and roles.critic is roles.actor and names.values == names.actor_logprobs
+        calls = []
+        if both:
+            calls.append((names.actor_logprobs, ("old_logprobs", "values"), roles.actor, "logprobs_values"))
+        elif not self.fused:
+            calls.append((names.actor_logprobs, ("old_logprobs",), roles.actor, "logprobs"))
         if roles.reference is not None:
-            calls.append((names.ref_logprobs, "ref_logprobs", roles.reference))
-        if roles.critic is not None:  # a critic's pass, or the actor's with a value head
-            calls.append((names.values, "values", roles.critic))
-        pending = [(stage, key, role, role.submit("values" if key == "values" else "logprobs", batch))
-                   for stage, key, role in calls]
-        for stage, key, role, futures in pending:
+            calls.append((names.ref_logprobs, ("ref_logprobs",), roles.reference, "logprobs"))
+        if roles.critic is not None and not both:  # a critic's pass, or the actor's with a value head
+            calls.append((names.values, ("values",), roles.critic, "values"))
+        pending = [(stage, keys, role, role.submit(op, batch)) for stage, keys, role, op in calls]
+        for stage, keys, role, futures in pending:
             outs, span = role.wait(futures)
-            batch.extras[key] = torch.cat(outs)
+            parts = [out if len(keys) > 1 else (out,) for out in outs]  # each shard's tensors, one per key
+            for i, key in enumerate(keys):
+                batch.extras[key] = torch.cat([p[i] for p in parts])
             self.record(stage, step, span, microbatch=c)
 
     def _advantages(self, step: int, c: int, batch: Batch, greedy_scores: torch.Tensor | None) -> None:

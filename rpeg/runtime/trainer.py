@@ -181,12 +181,20 @@ class Trainer:
                                    self.pipe.micro_batches(b.size, self._rows(b, forward=True), train=False))
             logp = None if logits is None else (self._next_logprobs(logits, b.input_ids[:, 1:]) * b.mask).cpu()
             return self.pipe.from_last(logp)
-        outs = []
+        return self._both(b, values)[1 if values else 0]
+
+    @torch.no_grad()
+    def _both(self, b: Batch, values: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Logprobs (an LM head's) and, with `values`, values, from one forward pass per micro-batch."""
+        logps, vals = [], []
         for idx in _chunks(b.size, self._rows(b, forward=True)):
             mb = self._on_device(b.select(idx))
             logp, v = self._forward(mb, values)
-            outs.append(((v if values else logp) * mb.mask).cpu())
-        return torch.cat(outs)
+            if logp is not None:
+                logps.append((logp * mb.mask).cpu())
+            if v is not None:
+                vals.append((v * mb.mask).cpu())
+        return (torch.cat(logps) if logps else None), (torch.cat(vals) if vals else None)
 
     def logprobs(self, b: Batch) -> torch.Tensor:
         """(B, L-1) log-probabilities of each next token (zero outside the response mask)."""
@@ -195,6 +203,13 @@ class Trainer:
     def values(self, b: Batch) -> torch.Tensor:
         """(B, L-1) value estimates (zero outside the response mask)."""
         return self._per_token(b, values=True)
+
+    def logprobs_and_values(self, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both from the same forward passes: a policy with a value head, whose plan computes its old
+        logprobs and values in one stage (share_actor_critic)."""
+        if self.pipe is not None or not (self.lm and self.value):
+            raise RuntimeError("logprobs_and_values needs an unpipelined policy with a value head")
+        return self._both(b, True)
 
     # ---- updates ----------------------------------------------------------------------------------
     def train(self, b: Batch, epochs: int, mini_batches: int, seed: int) -> dict[str, float]:

@@ -190,6 +190,9 @@ class TrainerWorker(_Where):
     def values(self, batch: Batch):
         return _timed(self.trainer.values, batch)
 
+    def logprobs_values(self, batch: Batch):
+        return _timed(self.trainer.logprobs_and_values, batch)
+
     def train(self, batch: Batch, epochs: int, mini_batches: int, seed: int):
         return _timed(self.trainer.train, batch, epochs, mini_batches, seed)
 
@@ -331,6 +334,9 @@ class ColocatedWorker(_Where):
 
     def values(self, batch: Batch):
         return _timed((self.critic or self.actor).values, batch)
+
+    def logprobs_values(self, batch: Batch):
+        return _timed(self.actor.logprobs_and_values, batch)
 
     def train(self, batch: Batch, epochs: int, mini_batches: int, seed: int):
         if self.sleeps:

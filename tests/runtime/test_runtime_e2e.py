@@ -370,3 +370,23 @@ def test_actor_and_critic_fused_train_in_one_schedule_with_the_same_math(tmp_pat
     assert all(recs[("actor_update", s)] == recs[("critic_update", s)] for s in (0, 1))
     a, b = record(fused.out, fused.metrics), record(apart.out, apart.metrics)
     assert a["weights"] == b["weights"] and a["metrics"] == b["metrics"]
+
+
+def test_a_value_head_on_the_policy_gets_logprobs_and_values_from_one_pass(tmp_path):
+    """share_actor_critic: the plan's one stage writes old logprobs and values, so the run makes one
+    forward pass per step for both (one record each step), equal to the two separate passes."""
+    from rpeg.graph.config import AlgoConfig
+    from rpeg.passes import share_actor_critic
+    from rpeg.runtime.models import build_tiny, load
+    from rpeg.runtime.trainer import OptimConfig, Trainer
+    from tests.runtime.test_runtime_fsdp import _batch
+
+    g = laid_out(colocate(share_actor_critic(build_graph("ppo", job(), Models(actor=TINY))), 1))
+    result = run(g, rt(tmp_path, steps=2), progress=False)
+    assert all("vf_loss" in m and "pg_loss" in m for m in result.metrics), sorted(result.metrics[0])
+    passes = [r for r in result.timeline.records if r.unit == "actor_logprobs"]
+    assert len(passes) == 2  # one per step, not a logprobs pass and a values pass
+    model, _ = load(build_tiny(str(tmp_path / "tiny")))
+    trainer = Trainer(model, AlgoConfig(adv_estimator="gae"), OptimConfig(forward_batch=3), lm=True, value=True)
+    logp, values = trainer.logprobs_and_values(_batch())
+    assert torch.equal(logp, trainer.logprobs(_batch())) and torch.equal(values, trainer.values(_batch()))
