@@ -1,7 +1,8 @@
 """The performance model against the runtime on this machine: predicted vs measured step time.
 
 Takes the demo job (examples/demo-grpo-tiny.yaml), lets `rpeg train`'s planner choose the plan for
-`cpu-local` (the machine as `rpeg calibrate` measured it), trains it for a few GRPO steps after a
+`cpu-local` (the machine as `rpeg calibrate` measures it first, in the same run, unless
+`--reuse-calibration`), trains it for a few GRPO steps after a
 short supervised warm-up, and compares the measured mean step and stage times (the runtime's
 timeline, first steps dropped as warm-up) with what the model predicted for the same plan. Prints
 JSON; `ratio` is predicted / measured (1 is exact, above 1 the model is pessimistic).
@@ -29,7 +30,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--job", default="examples/demo-grpo-tiny.yaml")
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--reuse-calibration", action="store_true",
+                    help="predict with the cpu-local file that exists instead of measuring it first, in this run")
     args = ap.parse_args()
+    if not args.reuse_calibration:  # the machine as it is now, not as an earlier, differently loaded run found it
+        from rpeg.hardware.calibrate import calibrate
+
+        calibrate()
     spec = load_spec(args.job)
     _, cluster, gpus = spec.cluster_and_gpus(default="cpu-local")
     rt = from_data(RuntimeConfig, spec.runtime, "runtime").replace(
