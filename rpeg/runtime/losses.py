@@ -178,8 +178,12 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
     """Critic loss 0.5 * max((V - R)^2, (V_clip - R)^2), token-mean over response tokens.
 
     values (B, T): V_theta(s), with grad. old_values, returns (B, T): constants.
-    V_clip = old + clip(V - old, -value_clip, value_clip) when config.value_clip > 0, else no
+    V_clip = clip(V, old - value_clip, old + value_clip) when config.value_clip > 0, else no
     clipping. PPO's value clipping (Schulman 2017, arXiv 1707.06347; as in OpenAI baselines).
+    Written as a clamp of V itself, not old + clip(V - old): inside the range the clamp returns V
+    exactly, where the difference-and-sum can land one float step away, and `vf_clipfrac` (tokens
+    whose clipped error exceeds the unclipped one: the loss's own comparison) would count such a
+    token as clipped (V -0.10230965, old 0.16493313, R 0.11656806, clip 0.5 counted 1.0).
     Returns (scalar loss, metrics of detached scalars).
     """
     m = mask.bool()
@@ -187,7 +191,7 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
     old_values = torch.where(m, old_values, torch.zeros_like(values))
     err = (values - returns) ** 2  # (B, T)
     if config.value_clip > 0:
-        v_clip = old_values + (values - old_values).clamp(-config.value_clip, config.value_clip)
+        v_clip = values.clamp(old_values - config.value_clip, old_values + config.value_clip)
         err_clip = (v_clip - returns) ** 2
         clipfrac = masked_mean((err_clip > err).to(values.dtype), m)
         err = torch.maximum(err, err_clip)

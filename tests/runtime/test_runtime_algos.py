@@ -361,3 +361,12 @@ def test_value_loss_clipping_by_hand():
     loss, m = value_loss(values, old, returns, mask, cfg("gae", value_clip=0.0))
     close(loss, 0.5 * (0.01 + 1.0) / 2)
     close(m["vf_clipfrac"], 0.0)
+
+
+def test_a_value_inside_the_clip_range_is_not_counted_as_clipped():
+    # old + clip(V - old) lands one float step from V here, and the token used to count as clipped
+    values, old, returns, mask = t([[-0.10230965]]), t([[0.16493313]]), t([[0.11656806]]), t([[1]])
+    assert float(old + (values - old).clamp(-0.5, 0.5)) != float(values)  # the float step the fix avoids
+    loss, m = value_loss(values.requires_grad_(), old, returns, mask, cfg("gae", value_clip=0.5))
+    assert float(m["vf_clipfrac"]) == 0.0
+    close(loss, 0.5 * (-0.10230965 - 0.11656806) ** 2)
