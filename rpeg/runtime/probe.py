@@ -16,10 +16,11 @@ the median of repeated runs within its half of the budget (interleaved, so that 
 machine falls on both alike; the median, not the best, because a run's step time is the median of
 its steps and what it pays is the typical call: on this VM one process's best 32-row forward
 varied from 15.1 to 18.5 ms between five probes a few seconds apart); t(r) = a + b*r through the
-two points. The model call and the output head count as one more layer (`units` = layers + 1): layer_host_s = a / units and
-layer_token_s = (b - flops_per_row / matmul rate) / (SEQ x units), with flops_per_row what the
-perf model counts for this shape (`layer_flops_per_row`). A fit with a <= 0 or a per-token time
-<= 0 (noise: a loaded machine) is reported as such and calibrate writes neither figure.
+two points. The model call and the output head count as one more layer (`units` = layers + 1):
+layer_host_s = a / units and layer_token_s = (b - flops_per_row / matmul rate) / (SEQ x units),
+with flops_per_row what the perf model counts for this shape (`layer_flops_per_row`). A fit with
+a <= 0 or a per-token time <= 0 (noise: a loaded machine) is reported as such and calibrate writes
+neither figure.
 
     python -m rpeg.runtime.probe --threads T --seconds S [--devices D] [--matmul-gflop-per-s R]
 

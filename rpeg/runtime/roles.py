@@ -211,7 +211,8 @@ class PendingUpdate:
 class Engines:
     """The generation engines: `ranks[j]` are engine j's workers, one, or the `tp` ranks of a
     tensor-parallel engine (they all take the same prompts; the first one's result stands for them).
-    Each worker has generate(prompts, params, seed) and load_weights(state, version)."""
+    Each worker has generate(prompts, params, seed), and either load_weights(version) (colocated: the
+    trainer's weights in the same process) or receive_weights(version) (over the weight-sync group)."""
 
     ray: object
     ranks: list[list]
@@ -236,7 +237,7 @@ class Engines:
 
     def load(self, version: int) -> Span:
         """The trainer's new weights, in the same process, into every engine: the span."""
-        return joined(self.ray.get([w.load_weights.remote(None, version) for w in self.workers]))
+        return joined(self.ray.get([w.load_weights.remote(version) for w in self.workers]))
 
     def receive(self, version: int) -> list:
         """Every engine rank starts taking the weights broadcast over the weight-sync group: the futures."""

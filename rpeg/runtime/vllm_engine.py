@@ -113,6 +113,10 @@ class VLLMEngine:
             self.asleep = False
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        # the RPC pickles each tensor with its whole storage: a view into a larger buffer (a weight-sync
+        # bucket, runtime.weights) is copied out first so that it does not carry the buffer along
+        state_dict = {k: v.clone() if v.untyped_storage().nbytes() > v.numel() * v.element_size() else v
+                      for k, v in state_dict.items()}
         self.llm.collective_rpc("rpeg_reload_weights", args=(state_dict,))
         self.llm.reset_prefix_cache()
         self.version = version

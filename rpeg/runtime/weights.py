@@ -19,6 +19,7 @@ trainer's order), taken once when the group forms.
 from __future__ import annotations
 
 import datetime
+import math
 from dataclasses import dataclass
 
 import torch
@@ -42,14 +43,11 @@ class Meta:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
-        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+        return self.numel * self.dtype.itemsize
 
 
 def manifest(state: dict[str, torch.Tensor]) -> tuple[Meta, ...]:

@@ -68,7 +68,7 @@ def _load(path: str):
 def _engine(kind: str, model, tok, model_path: str, *, seed: int, threads: int, memory: float, kv_mib: int = 0,
             tp: bool = False, device: str | None = None, sleep: bool = False):
     """The rollout engine the job asks for: `hf` samples with `model` itself; `vllm` loads its own
-    copy of the weights from `model_path` and takes new ones through `load_weights`. `tp`: `model`
+    copy of the weights from `model_path` and takes new ones through its `load_weights`. `tp`: `model`
     is tensor-parallel over this process group, whose ranks all generate the same batch."""
     if kind == "vllm":
         from rpeg.runtime.vllm_engine import VLLMEngine
@@ -148,9 +148,6 @@ class RolloutWorker(_Where):
         out = _timed(self.engine.generate, prompts, params, seed)
         return Generated(*out.value, self.engine.version, out.span)
 
-    def load_weights(self, state_dict, version: int):
-        return _timed(self.engine.load_weights, state_dict, version).span
-
     def open_channel(self, master: str, rank: int, world: int, metas: tuple[Meta, ...]) -> None:
         """Join the weight-sync group (runtime.weights) as rank `rank` of `world`: a receiver."""
         self.channel = Channel(master, rank, world, metas, self.device)
@@ -158,10 +155,7 @@ class RolloutWorker(_Where):
     def receive_weights(self, version: int):
         """The trainer's new weights, broadcast over the weight-sync group, into the engine: the span."""
         t = time.time()
-        state = self.channel.receive()
-        if not isinstance(self.engine, HFEngine):  # vllm pickles them to its workers: a view would take its bucket
-            state = {k: v.clone() for k, v in state.items()}
-        self.engine.load_weights(state, version)
+        self.engine.load_weights(self.channel.receive(), version)
         return Span(t, time.time())
 
 
@@ -314,7 +308,7 @@ class ColocatedWorker(_Where):
         out = _timed(self.engine.generate, prompts, params, seed)
         return Generated(*out.value, self.engine.version, out.span)
 
-    def load_weights(self, state_dict, version: int):
+    def load_weights(self, version: int):
         """In-process: an `hf` engine sharing the trainer's model already holds its weights; an own
         copy (vllm, or a sharded trainer's: every rank gathers the shards) gets them as tensors."""
         t = time.time()
