@@ -7,7 +7,8 @@
     reference: qwen3-8B      # default: the actor's architecture
     job: {prompts: 64, samples_per_prompt: 8, prompt_len: 512,
           response: {kind: lognormal, mean: 2000, max: 8192}, ppo_epochs: 1, mini_batches: 4}
-    config: {kl_coef: 0.0}   # overrides of the algorithm's defaults
+    config: {kl_coef: 0.0}   # overrides of the algorithm's defaults (`rpeg algorithms` lists them),
+                             # e.g. off_policy: tis, policy_loss: gspo, dual_clip: 3
     cluster: dgx-h100        # for `rpeg predict` (or --cluster); a preset or a cluster file
     gpus: 16                 # devices of the cluster the job uses (or --gpus)
     passes:                  # optional pass pipeline

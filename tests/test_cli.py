@@ -100,3 +100,28 @@ def test_console_entry_point_runs_as_a_module():
     proc = subprocess.run([sys.executable, "-m", "rpeg", "show", "grpo", "--model", "nope"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.startswith("rpeg: error: unknown model")
+
+
+def test_loss_options_in_a_job_file_are_shown_and_bad_ones_refused(capsys, tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("algorithm: grpo\nmodel: tiny-qwen2\n"
+                   "config: {off_policy: mask-token, is_low: 0.4, policy_loss: gspo, dual_clip: 0}\n")
+    code, out, err = run(capsys, "show", str(job), "--out", str(tmp_path))
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("config:"))
+    assert line.endswith("gspo ratio, no dual-clip, off-policy mask-token [0.4, 2]"), line
+    job.write_text("algorithm: grpo\nmodel: tiny-qwen2\nconfig: {off_policy: tis3}\n")
+    code, _, err = run(capsys, "show", str(job), "--out", str(tmp_path))
+    assert code == 2 and "off_policy: 'tis3' is not one of 'none', 'tis'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_algorithms_lists_every_config_option(capsys):
+    from dataclasses import fields
+
+    from rpeg.graph.config import AlgoConfig
+
+    code, out, _ = run(capsys, "algorithms")
+    assert code == 0
+    for f in fields(AlgoConfig):
+        assert any(line.startswith(f.name + " ") for line in out.splitlines()), f.name
+    assert "none, tis, tis-seq, mask-token, mask-seq, decoupled" in out

@@ -136,7 +136,8 @@ def header(graph, spec) -> str:
     cfg = graph.config
     kl = f"{cfg.kl_estimator} x {cfg.kl_coef:g} in the {cfg.kl_in}" if cfg.uses_reference else "none"
     lines.append(f"config: advantages {cfg.adv_estimator}, loss {cfg.loss_agg}, clip [{1 - cfg.clip_low:g}, "
-                 f"{1 + cfg.clip_high:g}], KL {kl}" + (f", oversample {cfg.oversample:g}" if cfg.oversample > 1 else ""))
+                 f"{1 + cfg.clip_high:g}], KL {kl}" + (f", oversample {cfg.oversample:g}" if cfg.oversample > 1 else "")
+                 + "".join(f", {x}" for x in cfg.loss_notes()))
     lines.append(f"async bound k = {graph.async_bound}")
     lines.append("passes:\n" + "\n".join("  " + line for line in str(spec.passes).splitlines()))
     return "\n".join(lines)

@@ -119,7 +119,33 @@ def cmd_algorithms(args: argparse.Namespace) -> int:
         g = build_graph(a.name, Job(), Models(actor=actor))
         rows.append([a.name, ", ".join(m.name for m in g.models), len(g.stages), a.summary])
     print(table(["algorithm", "models", "stages", "summary"], rows, right=[2]))
+    print("\noptions of a job's `config:` section (each algorithm sets its own defaults)")
+    print(table(["option", "choices", "default", "what it does"], algo_options()))
     return 0
+
+
+def algo_options() -> list[list[str]]:
+    """A row per AlgoConfig option: its name, its choices (a Literal's, or the registry's names), the
+    dataclass default and what it does."""
+    import dataclasses
+    import typing
+
+    from rpeg.graph import config as C
+
+    hints = typing.get_type_hints(C.AlgoConfig)
+    rows = []
+    for f in dataclasses.fields(C.AlgoConfig):
+        hint = hints[f.name]
+        if f.name == "adv_estimator":
+            choices = ", ".join(C.ADV_ESTIMATORS)
+        elif typing.get_origin(hint) is typing.Literal:
+            choices = ", ".join(map(str, typing.get_args(hint)))
+        else:
+            choices = "true, false" if hint is bool else "a number"
+        default = "-" if f.default is dataclasses.MISSING else str(f.default)
+        default = default.lower() if hint is bool else default
+        rows.append([f.name, choices, default, C.OPTIONS[f.name]])
+    return rows
 
 
 def cmd_models(args: argparse.Namespace) -> int:

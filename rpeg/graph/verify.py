@@ -261,6 +261,9 @@ def fusion_problem(g: Graph, group: tuple[str, ...]) -> str | None:
                     "(stream between them instead)")
         if len(runs) > 1:
             return "the stages read the same model at different weight versions (async lag), so they cannot share a pass"
+        if g.config.corrects_off_policy and Kind.GENERATE in kinds and Kind.INFER in kinds:
+            return (f"off_policy = {g.config.off_policy!r} weighs each token by the trainer's logprobs over the "
+                    "engine's; with the logprob pass fused into generation only the engine's exist")
         coarse = [s.name for s in stages if s.granularity != "sample"]
         if coarse:
             return (f"{coarse[0]!r} needs its whole {g.stage(coarse[0]).granularity} before it can start, "

@@ -14,7 +14,8 @@ Every estimator takes the same keyword arguments and returns (advantages (B, T),
 
 KL in the reward: when config.kl_in == "reward" and kl_coef > 0 every estimator penalizes
 each response token by -kl_coef * KL[kl_estimator](old, ref). Token-level estimators (gae,
-reinforce_pp) add it to the token rewards; outcome estimators add its sum over the sequence to
+reinforce_pp) add it to the token rewards; remax gives each token its reward-to-go (the score plus
+the penalties from that token on); the other outcome estimators add its sum over the sequence to
 the score, as verl does (its outcome estimators read token_level_rewards.sum(-1)). This matches
 the graph, whose advantage stage reads old/ref logprobs exactly when the KL is in the reward.
 
@@ -207,14 +208,22 @@ def reinforce_pp_baseline(*, scores: Tensor, mask: Tensor, group_index: Tensor |
 def remax(*, scores: Tensor, mask: Tensor, group_index: Tensor | None = None, values: Tensor | None = None,
           old_logprobs: Tensor | None = None, ref_logprobs: Tensor | None = None,
           greedy_scores: Tensor | None = None, config: AlgoConfig) -> tuple[Tensor, None]:
-    """score - greedy_scores[group_index] (the greedy response's reward for the same prompt),
-    on every token (B, T). The KL penalty, if in the reward, is summed into the sampled
-    response's score only. Li et al. 2023, ReMax (arXiv 2310.10505), algorithm 1."""
+    """Each token's reward-to-go minus greedy_scores[group_index] (the greedy response's reward for
+    the same prompt): (B, T). Without a KL penalty in the reward, the reward-to-go is the score on
+    every token. With one, token t gets the score plus the penalties of tokens t.. T only (the
+    undiscounted return from t), not the whole sequence's sum: a token's action cannot change the
+    penalties already paid before it, so those only add variance; the reward-to-go has the same
+    expected gradient (the policy-gradient theorem's causality) with less variance. verl's ReMax
+    advantage is the same (a reversed cumulative sum of the token rewards). The baseline is the
+    greedy response's score alone, as in the paper. Li et al. 2023, ReMax (arXiv 2310.10505),
+    algorithm 1."""
     _need("remax", group_index=group_index, greedy_scores=greedy_scores)
     if group_index.min() < 0 or group_index.max() >= greedy_scores.shape[0]:
         raise RpegError(f"remax: group_index must lie in [0, {greedy_scores.shape[0]}), the greedy_scores rows")
-    r = _outcome(scores, mask, old_logprobs, ref_logprobs, config)
-    return _broadcast(r - greedy_scores[group_index].to(r.dtype), mask), None
+    rewards = token_rewards(scores, mask, kl_reward(mask, old_logprobs, ref_logprobs, config))
+    to_go = discounted_returns(rewards, mask, 1.0)
+    baseline = greedy_scores[group_index].to(to_go.dtype)
+    return torch.where(mask.bool(), to_go - baseline[:, None], torch.zeros_like(to_go)), None
 
 
 Estimator = Callable[..., tuple[Tensor, Tensor | None]]

@@ -5,7 +5,8 @@ and critic losses in `losses.py`; this module re-exports them. A trainer looks e
 by the AlgoConfig's strings through the registries and never branches on them:
 
     adv, returns = compute_advantages(config.adv_estimator, scores=..., mask=..., config=config, ...)
-    loss, metrics = policy_loss(logprobs, old_logprobs, adv, mask, config, ref_logprobs=...)
+    loss, metrics = policy_loss(logprobs, old_logprobs, adv, mask, config, ref_logprobs=...,
+                                behaviour_logprobs=...)  # the engine's: off-policy correction
     vloss, vmetrics = value_loss(values, old_values, returns, mask, config)
 
 Tests: `.venv/bin/python -m pytest -q tests/runtime/test_runtime_algos.py`.
@@ -24,7 +25,10 @@ from rpeg.runtime.advantages import (
 from rpeg.runtime.losses import (
     KL,
     LOSS_AGG,
+    OFF_POLICY,
+    POLICY_LOSSES,
     aggregate,
+    correction,
     masked_mean,
     masked_sum,
     masked_whiten,
@@ -33,7 +37,8 @@ from rpeg.runtime.losses import (
 )
 
 __all__ = [
-    "ADVANTAGES", "KL", "LOSS_AGG", "aggregate", "compute_advantages", "discounted_returns",
+    "ADVANTAGES", "KL", "LOSS_AGG", "OFF_POLICY", "POLICY_LOSSES", "aggregate", "compute_advantages", "correction",
+    "discounted_returns",
     "gae_advantages", "group_mean_std", "kl_reward", "masked_mean", "masked_sum", "masked_whiten",
     "policy_loss", "sequence_rewards", "token_rewards", "value_loss",
 ]

@@ -55,6 +55,7 @@ class RuntimeConfig:
     address: str = ""  # a Ray cluster to join ("" : RAY_ADDRESS, else a private local cluster)
     reward_model_path: str = ""  # a local sequence-classification folder, or `tiny`: for plans with a reward model
     deterministic: bool = True
+    partial_segment: int = 0  # partial rollout: tokens between two chances to take new weights (0: max_new_tokens / 4)
 
     def __post_init__(self) -> None:
         problems = [f"{f} = {getattr(self, f)} must be positive" for f in ("steps", "micro_batch", "max_new_tokens",
@@ -63,7 +64,7 @@ class RuntimeConfig:
                     if getattr(self, f) <= 0]
         problems += [f"{f} = {getattr(self, f)} must be >= 0" for f in ("warmup_sft_steps", "eval_every",
                                                                         "checkpoint_every", "warmup_steps", "threads",
-                                                                        "engine_kv_cache_mib")
+                                                                        "engine_kv_cache_mib", "partial_segment")
                      if getattr(self, f) < 0]
         if self.lr <= 0 or self.sft_lr <= 0:
             problems.append("lr and sft_lr must be positive")

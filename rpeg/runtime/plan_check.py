@@ -44,8 +44,7 @@ def check_plan(graph: Graph) -> None:
         raise RpegError("the plan keeps the reference's weights on the host and swaps them in (NeMo-RL's way); the "
                         "runtime holds the reference model on its devices")
     if graph.partial_rollout:
-        raise RpegError("the plan carries responses across steps (partial rollout); the runtime generates each "
-                        "step's batch to the end")
+        _check_partial(graph)
     for group in graph.fusion:
         kinds = {graph.stage(n).kind for n in group}
         if set(group) != {"generate", "actor_logprobs"} and kinds != {Kind.TRAIN}:
@@ -127,6 +126,20 @@ def _check_streams(graph: Graph) -> None:
     if into_training and graph.job.ppo_epochs > 1:
         raise RpegError(f"the plan streams into {', '.join(sorted(into_training))} with {graph.job.ppo_epochs} PPO "
                         "epochs; the epochs after the first need the whole batch, and the runtime streams one epoch")
+
+
+def _check_partial(graph: Graph) -> None:
+    """Partial rollout runs on engines of their own: in-flight responses take each new version of the
+    weights at their next segment, so the engines' weights must change only by a weight sync."""
+    gen, train = graph.stage("generate"), graph.stage("actor_update")
+    if graph.group(gen.group).overlaps(graph.group(train.group)):
+        raise RpegError("the plan uses partial rollout with generation on the training devices; the runtime runs "
+                        "it with the engines on devices of their own (a colocated engine samples with the trainer's "
+                        "weights, which change mid-step), as AReaL and verl's fully_async do")
+    if gen.layout.tp > 1:
+        raise RpegError(f"the plan uses partial rollout with {gen.layout.describe()} generation; the runtime runs "
+                        "it on engines of one device each (a tensor-parallel engine's ranks would have to take a "
+                        "weight update at the same segment)")
 
 
 def runnable_plan(graph: Graph, cluster: Cluster, gpus: int, micro_batch: int = 64) -> Candidate:

@@ -217,15 +217,26 @@ class Engines:
     ray: object
     ranks: list[list]
 
-    def submit(self, prompts: list, params, seed: int) -> list[list]:
-        """Start generating `prompts`, split over the engines (engine j seeded `seed + j`): the futures."""
+    def submit(self, prompts: list, params, seed: int, segment: int = 0) -> list[list]:
+        """Start generating `prompts`, split over the engines (engine j seeded `seed + j`): the futures.
+        `segment` > 0: partial rollout, `segment` tokens at a time (workers.RolloutWorker.generate_partial)."""
         parts = shards(len(prompts), len(self.ranks))
+        if segment > 0:
+            return [[w.generate_partial.remote([prompts[i] for i in idx], params, seed + j, segment) for w in ranks]
+                    for j, (ranks, idx) in enumerate(zip(self.ranks, parts))]
         return [[w.generate.remote([prompts[i] for i in idx], params, seed + j) for w in ranks]
                 for j, (ranks, idx) in enumerate(zip(self.ranks, parts))]
 
     def wait(self, pending: list[list]) -> list:
-        """Each engine's workers.Generated, in order."""
-        return [self.ray.get(futures)[0] for futures in pending]
+        """Each engine's workers.Generated, in order (a partial rollout's segments followed to the last)."""
+        out = []
+        for futures in pending:
+            got = self.ray.get(futures[0])
+            while isinstance(got, self.ray.ObjectRef):  # the reference to a partial rollout's next segment
+                got = self.ray.get(got)
+            self.ray.get(futures[1:])  # a tensor-parallel engine's other ranks (hf generate only)
+            out.append(got)
+        return out
 
     def one(self, prompts: list, params, seed: int):
         """All of `prompts` on the first engine (held-out evaluation)."""

@@ -8,7 +8,7 @@ it returns the log-probability of every sampled token under the sampling distrib
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -20,6 +20,63 @@ class SamplingParams:
     max_new_tokens: int = 16
     temperature: float = 1.0
     greedy: bool = False
+
+
+@dataclass
+class InFlight:
+    """Generations under partial rollout: they advance a segment of at most `segment` tokens at a time,
+    each on the weights the engine holds when the segment starts, so new weights that arrive while they
+    run are taken at the next segment instead of waiting for (or discarding) the whole generation.
+
+    A segment continues a sequence by sampling from prompt + its tokens so far: the engine computes
+    that prefix's KV cache again, with its current weights (AReaL's interruptible generation and
+    verl's partial rollout do the same after a weight update). Every token keeps the logprob and the
+    weight version it was sampled with: the behaviour policy of that token, which the trainer's
+    importance ratio and off-policy correction read."""
+
+    prompts: list[list[int]]
+    params: SamplingParams
+    seed: int
+    segment: int
+    tokens: list[list[int]] = field(default_factory=list)
+    logprobs: list[list[float]] = field(default_factory=list)
+    versions: list[list[int]] = field(default_factory=list)  # per token: the weight version that sampled it
+    done: list[bool] = field(default_factory=list)
+    segments: int = 0
+    start: float = 0.0
+    start_version: int = -1
+
+    def __post_init__(self) -> None:
+        n = len(self.prompts)
+        self.tokens = self.tokens or [[] for _ in range(n)]
+        self.logprobs = self.logprobs or [[] for _ in range(n)]
+        self.versions = self.versions or [[] for _ in range(n)]
+        self.done = self.done or [False] * n
+
+    @property
+    def finished(self) -> bool:
+        return all(self.done)
+
+    def advance(self, engine) -> bool:
+        """One segment, on the engine's current weights, for every sequence still running (all of them
+        have the same number of tokens: they started together and each segment adds `segment` tokens
+        to a sequence unless it ends). True when every sequence is done."""
+        if self.start_version < 0:
+            self.start_version = engine.version
+        active = [i for i, d in enumerate(self.done) if not d]
+        if not active:
+            return True
+        n = min(self.segment, self.params.max_new_tokens - len(self.tokens[active[0]]))
+        out, lps = engine.generate([self.prompts[i] + self.tokens[i] for i in active],
+                                   replace(self.params, max_new_tokens=n), self.seed + 7919 * self.segments)
+        for i, toks, lp in zip(active, out, lps):
+            self.tokens[i] += toks
+            self.logprobs[i] += lp
+            self.versions[i] += [engine.version] * len(toks)
+            self.done[i] = (not toks or toks[-1] == engine.eos_id or len(toks) < n
+                            or len(self.tokens[i]) >= self.params.max_new_tokens)
+        self.segments += 1
+        return self.finished
 
 
 class HFEngine:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rpeg.errors import RpegError
 from rpeg.graph import Graph
 from rpeg.runtime import algos, filters
 from rpeg.runtime.batch import Batch, build_batch
@@ -31,18 +32,27 @@ class Rollout:
     span: tuple[float, float]
     greedy: list | None = None  # ReMax: one greedy response per prompt
     greedy_span: tuple[float, float] | None = None
+    token_versions: list | None = None  # partial rollout: per sample, the weight version of each token
 
     def as_dict(self) -> dict:  # the checkpoint's format for generations in flight
         out = {"prompts": self.prompts, "responses": self.responses, "logprobs": self.logprobs,
                "versions": self.versions, "span": self.span}
         if self.greedy is not None:
             out |= {"greedy": self.greedy, "greedy_span": self.greedy_span}
+        if self.token_versions is not None:
+            out["token_versions"] = self.token_versions
         return out
 
     @classmethod
     def from_dict(cls, d: dict) -> Rollout:
         return cls(d["prompts"], d["responses"], d["logprobs"], d["versions"], tuple(d["span"]), d.get("greedy"),
-                   d.get("greedy_span"))
+                   d.get("greedy_span"), d.get("token_versions"))
+
+    def rows(self, rows: slice) -> Rollout:
+        """The samples at `rows` (a streamed part of the step's generation)."""
+        tv = None if self.token_versions is None else self.token_versions[rows]
+        return Rollout(self.prompts[rows], self.responses[rows], self.logprobs[rows], self.versions[rows], self.span,
+                       token_versions=tv)
 
 
 @dataclass
@@ -78,6 +88,8 @@ class Steps:
         self.part_advantages = names.advantages in into
         self.part_updates = bool(into & {names.actor_update, names.critic_update})
         self.updates_early = self.fused and names.values is None and self.part_advantages
+        # partial rollout: generation in segments, so in-flight responses take new weights as they arrive
+        self.segment = partial_segment(rt) if graph.partial_rollout else 0
 
     def problems(self, step: int):
         """The step's prompts: the job's, or more of them under DAPO's dynamic sampling (`oversample`)."""
@@ -94,7 +106,7 @@ class Steps:
         params = SamplingParams(max_new_tokens=self.rt.max_new_tokens, temperature=self.rt.temperature)
         seed = self.rt.seed * 7919 + step * 31
         item = Launched(problems, prompts, [self.roles.engines.submit([ids[i] for i in idx for _ in range(n)], params,
-                                                                      seed + 104_729 * c)
+                                                                      seed + 104_729 * c, self.segment)
                                             for c, idx in enumerate(shards(len(ids), self.chunks))])
         if self.names.greedy:  # ReMax: one greedy response per prompt, on the same engines and weights
             greedy = SamplingParams(max_new_tokens=self.rt.max_new_tokens, greedy=True)
@@ -121,8 +133,7 @@ class Steps:
         for c, idx in enumerate(shards(len(item.problems), self.chunks)):
             rows = slice(first, first + len(idx) * n)
             if item.done is not None:  # collected earlier (a checkpoint) or restored: cut as it was launched
-                d = item.done
-                part = Rollout(d.prompts[rows], d.responses[rows], d.logprobs[rows], d.versions[rows], d.span)
+                part = item.done.rows(rows)
             else:
                 part = _joined(item.prompts[rows], self.roles.engines.wait(item.futures[c]))
             yield c, first, part
@@ -140,6 +151,7 @@ class Steps:
         updates: list = []
         m: dict = {"step": step + 1}
         for c, first, res in self._parts(item):
+            check_staleness(step, first, res.token_versions or res.versions, self.g.async_bound)
             self.record(names.generate, step, res.span, microbatch=c)
             texts = self.tok.batch_decode(res.responses, skip_special_tokens=True)
             scores, rule, span = self._rewards([item.problems[(first + i) // n] for i in range(len(texts))], texts)
@@ -170,6 +182,10 @@ class Steps:
         m |= {"reward": float(scores.mean()), "accuracy": float((rule >= 1.0).float().mean()),
               "response_len": sum(map(len, responses)) / len(responses),
               "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness)}
+        if self.segment:  # how many weight versions the step's responses span (1: none changed mid-response)
+            spans = [len(set(tv)) for d in drawn for tv in d[2].token_versions if tv]
+            m["versions_per_response_max"] = max(spans, default=1)
+            m["mixed_version_frac"] = sum(x > 1 for x in spans) / max(1, len(spans))
         greedy_scores = None
         if names.greedy:
             greedy, span = self._greedy(item)
@@ -283,7 +299,32 @@ class Steps:
         return {k: float(v) for k, v in metrics.items()}
 
 
+def check_staleness(step: int, first: int, versions: list, k: int) -> None:
+    """The plan's staleness contract, checked as a step's batch is built: every sample of step `step`
+    (numbered from `first` in the step's batch) was generated with weights at most `k` versions older
+    than the ones it trains (version v = the weights after v updates; step s trains version s), and
+    none newer. `versions` holds per sample its version, or with partial rollout the list of its
+    tokens' versions, each checked. A violation is an RpegError naming the step and the sample (the
+    run stops there; its last checkpoint stands)."""
+    for i, v in enumerate(versions):
+        tokens = v if isinstance(v, list) else [v]
+        for j, t in enumerate(tokens):
+            lag = step - int(t)
+            if not 0 <= lag <= k:
+                where = f"sample {first + i}" + (f", token {j}" if isinstance(v, list) else "")
+                raise RpegError(f"staleness bound broken at step {step + 1}, {where}: generated with weights version "
+                                f"{t}, {lag} update(s) behind the weights trained (the plan allows 0 to k = {k})")
+
+
+def partial_segment(rt: RuntimeConfig) -> int:
+    """Tokens an engine generates between two chances to take new weights under partial rollout:
+    `runtime.partial_segment`, or a quarter of max_new_tokens (at least 1)."""
+    return rt.partial_segment or max(1, -(-rt.max_new_tokens // 4))
+
+
 def _joined(prompts: list, outs: list) -> Rollout:
     """The engines' results (workers.Generated, in order) for `prompts`, as one Rollout."""
+    partial = all(o.token_versions is not None for o in outs)
     return Rollout(prompts, [r for o in outs for r in o.responses], [lp for o in outs for lp in o.logprobs],
-                   [o.version for o in outs for _ in o.responses], joined(o.span for o in outs))
+                   [o.version for o in outs for _ in o.responses], joined(o.span for o in outs),
+                   token_versions=[tv for o in outs for tv in o.token_versions] if partial else None)

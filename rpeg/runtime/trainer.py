@@ -231,17 +231,17 @@ class Trainer:
         if self.pipe is not None:
             return self._pipeline_step(mini)
         self.opt.zero_grad(set_to_none=True)
-        tokens = float(mini.mask.sum().clamp(min=1.0))
+        kept = self._kept(mini)
         metrics: dict[str, float] = {}
         for idx in _chunks(mini.size, self._rows(mini, forward=False)):
             mb = self._on_device(mini.select(idx))
-            # the losses aggregate over the mini-batch: weight each micro-batch by its share
-            share = float(mb.mask.sum()) / tokens if self.config.loss_agg == "token-mean" else len(idx) / mini.size
+            share = self._share(kept, idx)
             logp, values = self._forward(mb, self.value)
             loss = torch.zeros((), device=self.device)
             if self.lm:
                 pl, m = algos.policy_loss(logp, mb.extras["old_logprobs"], mb.extras["advantages"], mb.mask,
-                                          self.config, ref_logprobs=mb.extras.get("ref_logprobs"))
+                                          self.config, ref_logprobs=mb.extras.get("ref_logprobs"),
+                                          behaviour_logprobs=mb.rollout_logprobs)
                 loss = loss + pl
                 _accumulate(metrics, m, share)
             if self.value:
@@ -250,6 +250,22 @@ class Trainer:
                 _accumulate(metrics, m, share)
             (loss * share).backward()
         return self._optimizer_step(metrics)
+
+    def _kept(self, mini: Batch) -> torch.Tensor:
+        """(B, T) bool: the mini-batch's tokens the policy loss keeps (all of its response tokens,
+        unless an off-policy mask drops some); a critic keeps every response token."""
+        if not self.lm:
+            return mini.mask.bool()
+        return algos.correction(mini.extras["old_logprobs"], mini.rollout_logprobs, mini.mask, self.config).keep
+
+    def _share(self, kept: torch.Tensor, idx: torch.Tensor) -> float:
+        """A micro-batch's share of its mini-batch's loss: the losses aggregate over the mini-batch, so
+        each micro-batch (its rows `idx`) is weighted by its kept tokens (token-mean) or its sequences
+        with a kept token (the sequence means) out of the mini-batch's."""
+        if self.config.loss_agg == "token-mean":
+            return float(kept[idx].sum()) / float(kept.sum().clamp(min=1))
+        seqs = kept.any(dim=1)
+        return float(seqs[idx].sum()) / float(seqs.sum().clamp(min=1))
 
     def _optimizer_step(self, metrics: dict[str, float]) -> dict[str, float]:
         """Clip the gradients' global norm (over every pipeline stage too), step, and add the norm and LR."""
@@ -272,18 +288,22 @@ class Trainer:
         the mini-batch, as `_step` does) from the per-token fields packed into the schedule's target."""
         self.opt.zero_grad(set_to_none=True)
         mini = self._on_device(mini)
-        tokens = float(mini.mask.sum().clamp(min=1.0))
+        kept = self._kept(mini)
+        tokens, seqs = float(kept.sum().clamp(min=1)), float(kept.any(dim=1).sum().clamp(min=1))
         ref = mini.extras.get("ref_logprobs")
-        fields = [mini.input_ids[:, 1:].float(), mini.extras["old_logprobs"], mini.extras["advantages"], mini.mask]
+        fields = [mini.input_ids[:, 1:].float(), mini.extras["old_logprobs"], mini.extras["advantages"], mini.mask,
+                  mini.rollout_logprobs, kept.float()]
         target = torch.stack(fields + ([ref] if ref is not None else []), -1)  # token ids < 2**24: exact as floats
         metrics: dict[str, float] = {}
 
         def loss_fn(logits: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-            mask = t[..., 3]
-            share = float(mask.sum()) / tokens if self.config.loss_agg == "token-mean" else t.shape[0] / mini.size
+            mask, keep = t[..., 3], t[..., 5].bool()  # the micro-batch's share of the mini-batch, as `_share`
+            share = float(keep.sum()) / tokens if self.config.loss_agg == "token-mean" else float(
+                keep.any(dim=1).sum()) / seqs
             logp = self._next_logprobs(logits, t[..., 0].long())
             pl, m = algos.policy_loss(logp, t[..., 1], t[..., 2], mask, self.config,
-                                      ref_logprobs=t[..., 4] if ref is not None else None)
+                                      ref_logprobs=t[..., 6] if ref is not None else None,
+                                      behaviour_logprobs=t[..., 4])
             calls.append((m, share))
             return pl * share
 

@@ -20,7 +20,7 @@ import torch
 from rpeg.graph.config import AlgoConfig
 from rpeg.runtime.batch import Batch
 from rpeg.runtime.models import autocast
-from rpeg.runtime.rollout import HFEngine, SamplingParams
+from rpeg.runtime.rollout import HFEngine, InFlight, SamplingParams
 from rpeg.runtime.trainer import MicroBatch, OptimConfig, Trainer
 from rpeg.runtime.weights import Channel, Meta, manifest
 
@@ -105,8 +105,9 @@ class Generated:
 
     responses: list[list[int]]
     logprobs: list[list[float]]
-    version: int
+    version: int  # the version generation started with (partial rollout: its first segment's)
     span: Span
+    token_versions: list[list[int]] | None = None  # partial rollout: each token's version
 
 
 def _timed(fn, *args, **kwargs) -> Timed:
@@ -147,6 +148,22 @@ class RolloutWorker(_Where):
     def generate(self, prompts, params: SamplingParams, seed: int):
         out = _timed(self.engine.generate, prompts, params, seed)
         return Generated(*out.value, self.engine.version, out.span)
+
+    def generate_partial(self, prompts, params: SamplingParams, seed: int, segment: int,
+                         state: InFlight | None = None):
+        """Partial rollout (rollout.InFlight): one segment of these generations, then either the result
+        (every sequence done) or the reference to their next segment, queued on this same engine behind
+        whatever was queued meanwhile (a weight update, another step's segment). `Engines.wait` follows
+        the references to the result."""
+        if state is None:
+            state = InFlight(prompts, params, seed, segment, start=time.time())
+        if not state.advance(self.engine):
+            import ray
+
+            return ray.get_runtime_context().current_actor.generate_partial.remote(prompts, params, seed, segment,
+                                                                                   state)
+        return Generated(state.tokens, state.logprobs, state.start_version, Span(state.start, time.time()),
+                         token_versions=state.versions)
 
     def open_channel(self, master: str, rank: int, world: int, metas: tuple[Meta, ...]) -> None:
         """Join the weight-sync group (runtime.weights) as rank `rank` of `world`: a receiver."""

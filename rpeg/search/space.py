@@ -72,7 +72,8 @@ def structures(graph: Graph, max_staleness: int, space: SpaceOptions = SpaceOpti
     streams = ((0, 4, 16) if graph.job.mini_batches >= 2 else (0, 4)) if space.stream else (0,)
     for k in range(0, max_staleness + 1):
         for share in ((False, True) if has_critic and space.share else (False,)):
-            for fl in ((False, True) if k == 0 and space.fuse else (False,)):
+            # an off-policy correction weighs tokens by the trainer's logprobs over the engine's: never fused
+            for fl in ((False, True) if k == 0 and space.fuse and not graph.config.corrects_off_policy else (False,)):
                 for ft in ((False, True) if has_critic and not share and space.fuse else (False,)):
                     for m in streams:
                         for partial in ((False, True) if k >= 1 and space.partial_rollout else (False,)):

@@ -7,6 +7,7 @@ import torch
 
 from rpeg.algorithms import ALGORITHMS
 from rpeg.errors import RpegError
+from rpeg.graph import config as graph_config
 from rpeg.graph.config import AlgoConfig
 from rpeg.runtime.algos import (
     ADVANTAGES,
@@ -21,6 +22,7 @@ from rpeg.runtime.algos import (
     token_rewards,
     value_loss,
 )
+from rpeg.runtime.losses import LOG_RATIO_GUARD, OFF_POLICY, POLICY_LOSSES, correction
 
 NAN = float("nan")
 
@@ -55,6 +57,21 @@ def test_registered_functions_document_shapes_and_papers():
         assert "(B, T)" in fn.__doc__ and "arXiv" in fn.__doc__, fn.__name__
     for fn in [*KL.values(), *LOSS_AGG.values()]:
         assert "(B, T)" in fn.__doc__ and ("arXiv" in fn.__doc__ or "Schulman 2020" in fn.__doc__), fn.__name__
+
+
+def test_policy_losses_and_corrections_match_the_planners_names_and_cite_a_source():
+    assert tuple(POLICY_LOSSES) == graph_config.POLICY_LOSSES
+    assert tuple(OFF_POLICY) == graph_config.OFF_POLICY
+    for fn in [*POLICY_LOSSES.values(), *OFF_POLICY.values()]:
+        assert fn.__doc__ and (fn is OFF_POLICY["none"] or "20" in fn.__doc__), fn.__name__
+
+
+@pytest.mark.parametrize("bad, match", [({"dual_clip": 0.5}, "dual_clip"), ({"is_low": 1.0}, "is_low"),
+                                        ({"is_cap": 0.9}, "is_cap"), ({"off_policy": "tis2"}, "off_policy"),
+                                        ({"policy_loss": "grpo"}, "policy_loss")])
+def test_bad_loss_options_are_refused_by_name(bad, match):
+    with pytest.raises(RpegError, match=match):
+        cfg(**bad)
 
 
 def test_unknown_names_raise():
@@ -139,6 +156,17 @@ def test_remax_subtracts_the_greedy_score_of_the_same_prompt():
     with pytest.raises(RpegError, match="greedy_scores rows"):
         adv("remax", cfg("remax"), scores=t([1]), mask=torch.ones(1, 2), group_index=torch.tensor([2]),
             greedy_scores=t([0.5, 1.0]))
+
+
+def test_remax_with_kl_in_the_reward_gives_each_token_its_reward_to_go():
+    # k1 of old vs ref per token: 0.1, 0.2, 0.3; kl_coef 1 -> token rewards -0.1, -0.2, 1 - 0.3
+    # reward-to-go: 0.4, 0.5, 0.7; minus the greedy score 0.5 -> -0.1, 0.0, 0.2 (whole-sequence sum
+    # would be 0.4 - 0.5 = -0.1 on every token)
+    old, ref = t([[-1.0, -1.0, -1.0, 0.0]]), t([[-1.1, -1.2, -1.3, 0.0]])
+    config = cfg("remax", kl_coef=1.0, kl_estimator="k1", kl_in="reward")
+    a, _ = adv("remax", config, scores=t([1.0]), mask=t([[1, 1, 1, 0]]), group_index=torch.tensor([0]),
+               greedy_scores=t([0.5]), old_logprobs=old, ref_logprobs=ref)
+    close(a, [[-0.1, 0.0, 0.2, 0.0]])
 
 
 def test_reinforce_pp_baseline_whitens_over_tokens():
@@ -253,6 +281,17 @@ def test_k3_is_never_negative():
     assert (KL["k1"](logp, ref) < 0).any()
 
 
+def test_k3_is_guarded_so_a_diverged_token_stays_finite():
+    # log r = 40 and 100: the formula gives e^40 ~ 2.4e17 and inf; the guard caps log r at 20
+    logp = torch.tensor([-41.0, -101.0, -1.0], requires_grad=True)
+    k3 = KL["k3"](logp, t([-1.0, -1.0, -1.5]))
+    cap = math.exp(LOG_RATIO_GUARD) - 1 - LOG_RATIO_GUARD
+    close(k3[:2], [cap, cap], tol=cap * 1e-6)  # float32 at 4.9e8: 32 apart
+    close(k3[2], math.exp(-0.5) - 1 + 0.5)  # inside the guard: the formula
+    k3.sum().backward()
+    assert torch.isfinite(logp.grad).all() and (logp.grad[:2] == 0).all() and logp.grad[2] != 0
+
+
 # ---- aggregation ------------------------------------------------------------------------------
 
 X = t([[1, 2, 3], [4, NAN, NAN]])
@@ -316,6 +355,109 @@ def test_clip_higher_is_asymmetric():
     loss, _, grad = _ppo([0.75], [-1], cfg(clip_low=0.2, clip_high=0.28))
     close(loss, 0.8)
     close(grad, [0.0])
+
+
+def test_dual_clip_bounds_a_negative_advantage_token_by_hand():
+    config = cfg(clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    # r 4, A -1: max(4, 1.28) = 4 > c = 3 -> 3, no gradient; r 2.5, A -1: 2.5 < 3 stays, grad 2.5 / 3
+    # r 4, A 1: clipped above at 1.28 (dual clipping is for A < 0 only)
+    loss, m, grad = _ppo([4.0, 2.5, 4.0], [-1, -1, 1], config)
+    close(loss, (3.0 + 2.5 - 1.28) / 3)
+    close(grad, [0.0, 2.5 / 3, 0.0])
+    close(m["clipfrac_dual"], 1 / 3)
+    loss, m, grad = _ppo([4.0, 2.5, 4.0], [-1, -1, 1], cfg(clip_low=0.2, clip_high=0.28, dual_clip=0.0))
+    close(loss, (4.0 + 2.5 - 1.28) / 3)
+    close(grad, [4.0 / 3, 2.5 / 3, 0.0])
+    assert "clipfrac_dual" not in m
+
+
+def test_the_log_ratio_guard_keeps_the_loss_finite():
+    # log r = 50 with A = -1 and no dual clip: exp(50) ~ 5e21 unguarded; the guard gives e^20, no gradient
+    old = torch.full((1, 2), -60.0)
+    logp = t([[-10.0, -60.0]]).requires_grad_()
+    loss, m = policy_loss(logp, old, t([[-1.0, -1.0]]), torch.ones(1, 2), cfg(dual_clip=0.0))
+    loss.backward()
+    close(loss, (math.exp(LOG_RATIO_GUARD) + 1.0) / 2, tol=1.0)
+    close(logp.grad, [[0.0, 0.5]])
+    close(m["ratio_max"], math.exp(LOG_RATIO_GUARD), tol=1.0)
+
+
+def test_gspo_clips_one_ratio_per_sequence_by_hand():
+    # token log-ratios 0.5, -0.3: s = exp(mean) = exp(0.1) = 1.105171, inside [0.8, 1.2]: both tokens
+    # get -A s (loss -1.105171) and the gradient s / 2 each; PPO clips token 1 (r 1.6487 > 1.2, no
+    # gradient) and keeps token 2 (r 0.7408 with A > 0: -0.7408 / 2)
+    old = torch.full((1, 2), -1.0)
+    config = cfg(clip_low=0.2, clip_high=0.2, loss_agg="seq-mean-token-mean")
+    for loss_name, want_loss, want_grad in [
+            ("gspo", -math.exp(0.1), [-math.exp(0.1) / 2, -math.exp(0.1) / 2]),
+            ("ppo", -(1.2 + math.exp(-0.3)) / 2, [0.0, -math.exp(-0.3) / 2])]:
+        logp = (old + t([[0.5, -0.3]])).requires_grad_()
+        loss, _ = policy_loss(logp, old, torch.ones(1, 2), torch.ones(1, 2), config.replace(policy_loss=loss_name))
+        loss.backward()
+        close(loss, want_loss)
+        close(logp.grad, [want_grad])
+    # s = exp(0.4) = 1.4918 > 1.2 with A = 1: the whole sequence is clipped, at -1.2, no gradient
+    logp = (old + t([[0.5, 0.3]])).requires_grad_()
+    loss, m = policy_loss(logp, old, torch.ones(1, 2), torch.ones(1, 2), config.replace(policy_loss="gspo"))
+    loss.backward()
+    close(loss, -1.2)
+    close(logp.grad, [[0.0, 0.0]])
+    close(m["clipfrac"], 1.0)
+
+
+def test_gspo_padding_and_sequence_lengths():
+    # sequence 2 has one token (log-ratio 0.1) and padding holding NaN: its s is exp(0.1), not NaN
+    old = t([[-1.0, -1.0], [-1.0, NAN]])
+    logp = t([[-0.9, -1.1], [-0.9, 0.0]]).requires_grad_()
+    loss, _ = policy_loss(logp, old, torch.ones(2, 2), t([[1, 1], [1, 0]]),
+                          cfg(policy_loss="gspo", loss_agg="seq-mean-token-mean"))
+    loss.backward()
+    close(loss, -(1.0 + math.exp(0.1)) / 2)  # sequence 1: mean log-ratio 0 -> s = 1
+    assert torch.isfinite(logp.grad).all() and logp.grad[1, 1] == 0
+
+
+# rho = pi_old / pi_behav per token: 3, 0.5, 1 on sequence 1 (product 1.5, geometric mean 1.1447)
+BEHAVIOUR = t([[-1.0 - math.log(3.0), -1.0 + math.log(2.0), -1.0]])
+
+
+@pytest.mark.parametrize("mode, weights, kept, loss, truncated, masked", [
+    ("none", [1, 1, 1], [1, 1, 1], -1.0, 0, 0),
+    ("tis", [2, 0.5, 1], [1, 1, 1], -3.5 / 3, 1 / 3, 0),  # 3 is cut to the cap 2
+    ("tis-seq", [1.5, 1.5, 1.5], [1, 1, 1], -1.5, 0, 0),  # the product 1.5 < 2
+    ("mask-token", [1, 1, 1], [0, 1, 1], -1.0, 0, 1 / 3),  # 3 > 2 leaves the loss (and its denominator)
+    ("mask-seq", [1, 1, 1], [1, 1, 1], -1.0, 0, 0),  # 1.1447 in [0.5, 2]: kept
+    ("decoupled", [0, 0.5, 1], [1, 1, 1], -0.5, 1 / 3, 0),  # 3 > 2 weighs 0 but stays in the denominator
+])
+def test_off_policy_corrections_by_hand(mode, weights, kept, loss, truncated, masked):
+    # ratio pi_theta / pi_old = 1 and A = 1: each kept token's surrogate is -w, its gradient -w / kept tokens
+    old = torch.full((1, 3), -1.0)
+    logp = old.clone().requires_grad_()
+    config = cfg(off_policy=mode, is_cap=2.0, is_low=0.5)
+    out, m = policy_loss(logp, old, torch.ones(1, 3), torch.ones(1, 3), config, behaviour_logprobs=BEHAVIOUR)
+    out.backward()
+    w, k = t([weights]), t([kept])
+    close(out, loss)
+    close(logp.grad, -w * k / k.sum())
+    close(m["is_ratio_max"], 3.0)
+    close(m["is_ratio_mean"], 4.5 / 3)
+    if mode != "none":
+        close(m["is_truncated_frac"], truncated)
+        close(m["is_masked_frac"], masked)
+        close(m["is_weight_max"], max(x for x, y in zip(weights, kept) if y))
+
+
+def test_sequence_corrections_act_on_whole_sequences():
+    # sequence 2's rho is 4 on both tokens: product 16 (cut to 2 by tis-seq), geometric mean 4 (masked by mask-seq)
+    old = torch.full((2, 3), -1.0)
+    behaviour = torch.cat([BEHAVIOUR, t([[-1.0 - math.log(4.0)] * 2 + [0.0]])])
+    mask = t([[1, 1, 1], [1, 1, 0]])
+    fix = correction(old, behaviour, mask, cfg(off_policy="tis-seq"))
+    close(fix.weight * mask, [[1.5, 1.5, 1.5], [2.0, 2.0, 0.0]])
+    assert fix.truncated.tolist() == [[False] * 3, [True, True, False]]
+    fix = correction(old, behaviour, mask, cfg(off_policy="mask-seq"))
+    assert fix.keep.tolist() == [[True] * 3, [False] * 3]
+    with pytest.raises(RpegError, match="behaviour"):
+        correction(old, None, mask, cfg(off_policy="tis"))
 
 
 def test_policy_loss_kl_in_loss_and_entropy():

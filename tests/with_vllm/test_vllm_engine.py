@@ -123,6 +123,39 @@ def test_new_weights_take_effect_and_eos_ends_a_response(tiny, engine):
         [[tok.eos_token_id]] * len(PROMPTS)
 
 
+def test_partial_rollout_continues_in_flight_responses_with_new_weights(tiny, engine):
+    """rollout.InFlight on vLLM: new weights loaded between two segments; the later tokens carry the new
+    version and the new weights' logprobs after the same prefix (vLLM's prefix cache was dropped with
+    the old weights, so the prefix is recomputed with the new ones)."""
+    from rpeg.runtime.rollout import InFlight, SamplingParams
+
+    _, model, tok = tiny
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    g = torch.Generator().manual_seed(1)
+    moved = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in original.items()}
+    moved["lm_head.weight"] = moved["model.embed_tokens.weight"]
+    state = InFlight(_ids(tok) * 2, SamplingParams(max_new_tokens=6), seed=7, segment=2)
+    try:
+        assert not state.advance(engine)
+        engine.load_weights(moved, version=1)
+        while not state.advance(engine):
+            pass
+        old_model = type(model)(model.config)
+        old_model.load_state_dict(original)
+        model.load_state_dict(moved)
+        worst, crossed = 0.0, 0
+        for prompt, toks, lps, versions in zip(state.prompts, state.tokens, state.logprobs, state.versions):
+            assert versions == [0] * min(2, len(toks)) + [1] * max(0, len(toks) - 2)
+            want = [a if v == 0 else b for a, b, v in zip(_hf_logprobs(old_model.eval(), prompt, toks),
+                                                        _hf_logprobs(model, prompt, toks), versions)]
+            worst = max([worst] + [abs(a - b) for a, b in zip(lps, want)])
+            crossed += versions[-1] == 1
+        assert crossed > 0 and worst < 2e-5, (crossed, worst)
+    finally:
+        model.load_state_dict(original)
+        engine.load_weights(original, version=0)
+
+
 def _plan(disaggregated: bool):
     from rpeg.algorithms import Models, build_graph
     from rpeg.graph import Job, LengthDistribution, get_model
