@@ -5,6 +5,7 @@ weights as a PNG, and the figures as JSON on stdout.
     python scripts/offpolicy_compare.py                      # both runs (in parallel), then the figure
     python scripts/offpolicy_compare.py --correction decoupled --steps 200
     python scripts/offpolicy_compare.py --plot-only          # the figure from runs already there
+    python scripts/offpolicy_compare.py --seed 1 --png /tmp/seed1.png   # another seed
 
 Both runs take examples/demo-grpo-tiny.yaml as it is (same seed, warm-up and evaluation) with one
 plan stated in full, so only the loss differs: every stage colocated on one device, k = 2, the
@@ -31,14 +32,14 @@ class Bad(Exception):
     """A run this script cannot use; printed as one line."""
 
 
-def job(correction: str, k: int, steps: int | None, threads: int) -> dict:
+def job(correction: str, k: int, steps: int | None, threads: int, seed: int = 0) -> dict:
     with open(DEMO, encoding="utf-8") as fh:
         spec = yaml.safe_load(fh)
     spec["config"] = dict(spec.get("config") or {}, off_policy=correction)
     layout = {"dp": 1, "micro_batch": 64, "packing": False}
     spec["passes"] = [{"bound_asynchrony": {"k": k}}, {"colocate": {"devices": 1}}] + [
         {"parallelize": {"stage": s, **layout}} for s in ("generate", "actor_logprobs", "actor_update")]
-    spec["runtime"] = dict(spec["runtime"], threads=threads, **({"steps": steps} if steps else {}))
+    spec["runtime"] = dict(spec["runtime"], threads=threads, seed=seed, **({"steps": steps} if steps else {}))
     return spec
 
 
@@ -109,14 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, default=2)
     ap.add_argument("--steps", type=int, default=None, help="fewer steps than the demo's")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run (the two run at once)")
+    ap.add_argument("--seed", type=int, default=0, help="the runs' seed (warm-up, prompts, sampling)")
     ap.add_argument("--png", default=os.path.join(ROOT, "docs", "offpolicy-k2.png"))
     ap.add_argument("--plot-only", action="store_true")
     args = ap.parse_args(argv)
     arms = {"no correction": "none", f"off_policy = {args.correction}": args.correction}
-    outs = {label: os.path.join(args.out, mode) for label, mode in arms.items()}
+    outs = {label: os.path.join(args.out, f"seed{args.seed}", mode) for label, mode in arms.items()}
     try:
         if not args.plot_only:
-            procs = {label: train(job(mode, args.k, args.steps, args.threads), outs[label])
+            procs = {label: train(job(mode, args.k, args.steps, args.threads, args.seed), outs[label])
                      for label, mode in arms.items()}
             failed = [label for label, p in procs.items() if p.wait() != 0]
             if failed:
@@ -126,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"offpolicy_compare: {e}", file=sys.stderr)
         return 1
     plot(runs, args.png, args.k)
-    print(json.dumps({"k": args.k, "png": os.path.relpath(args.png, ROOT),
+    print(json.dumps({"k": args.k, "seed": args.seed, "png": os.path.relpath(args.png, ROOT),
                       "runs": {label: figures(*run) for label, run in runs.items()}}, indent=1))
     return 0
 

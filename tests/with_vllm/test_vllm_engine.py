@@ -190,3 +190,29 @@ def test_grpo_steps_with_vllm_generating(tmp_path, disaggregated):
     assert all(r["logprob_gap_max"] < 1e-4 for r in rows), [r["logprob_gap_max"] for r in rows]
     syncs = [r for r in result.timeline.records if r.unit == "actor_sync"]
     assert len(syncs) == 3
+
+
+def test_async_partial_rollout_with_a_correction_on_vllm(tmp_path):
+    """vLLM generating on its own worker a step ahead (k = 1), in 1-token segments (partial rollout),
+    trained with truncated importance sampling: the lags stay within k and the loss reports the
+    weights it applied."""
+    from rpeg.algorithms import Models, build_graph
+    from rpeg.graph import Job, LengthDistribution, get_model
+    from rpeg.passes import bound_asynchrony, parallelize, partial_rollout, place
+    from rpeg.runtime.config import RuntimeConfig
+    from rpeg.runtime.run import run
+
+    job = Job(prompts=8, samples_per_prompt=4, prompt_len=6, response=LengthDistribution.fixed(4), mini_batches=2)
+    g = build_graph("grpo", job, Models(actor=get_model("tiny-qwen2")), kl_coef=0.0, off_policy="tis")
+    g = partial_rollout(bound_asynchrony(place(g, {"gen": 1, "train": 1}, {"generate": "gen"}, default="train"), 1))
+    for s in g.stages:
+        if s.model and s.kind.value != "sync":
+            g = parallelize(g, s.name, dp=1, micro_batch=64, packing=False)
+    rt = RuntimeConfig(model_path="tiny", task={"name": "arithmetic", "ops": ["add"], "level": 1}, steps=3,
+                       lr=1e-3, max_new_tokens=3, eval_every=0, eval_size=8, checkpoint_every=0,
+                       out=str(tmp_path / "run"), threads=1, engine="vllm", engine_kv_cache_mib=64,
+                       partial_segment=1)
+    rows = run(g, rt, progress=False).metrics
+    assert [r["staleness_max"] for r in rows] == [0, 1, 1]
+    assert all(0 < r["is_weight_mean"] <= 2 and r["is_ratio_max"] > 0 and "versions_per_response_max" in r
+               for r in rows)
