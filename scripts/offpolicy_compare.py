@@ -2,10 +2,9 @@
 and without an off-policy correction, side by side: the held-out accuracy curves and the importance
 weights as a PNG, and the figures as JSON on stdout.
 
-    python scripts/offpolicy_compare.py                      # both runs (in parallel), then the figure
+    python scripts/offpolicy_compare.py --seed 0 1            # each seed's two runs (in parallel), then the figure
     python scripts/offpolicy_compare.py --correction decoupled --steps 200
-    python scripts/offpolicy_compare.py --plot-only          # the figure from runs already there
-    python scripts/offpolicy_compare.py --seed 1 --png /tmp/seed1.png   # another seed
+    python scripts/offpolicy_compare.py --seed 0 1 --plot-only  # the figure from runs already there
 
 Both runs take examples/demo-grpo-tiny.yaml as it is (same seed, warm-up and evaluation) with one
 plan stated in full, so only the loss differs: every stage colocated on one device, k = 2, the
@@ -79,25 +78,32 @@ def figures(rows: list[dict], summary: dict) -> dict:
     return out
 
 
-def plot(runs: dict[str, tuple[list[dict], dict]], path: str, k: int) -> None:
+def plot(runs: dict[int, dict[str, tuple[list[dict], dict]]], path: str, k: int) -> None:
+    """Left: held-out accuracy per arm (colour) and seed (line style); right: the first seed's
+    per-step maximum of pi_old / pi_behaviour."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (acc, ratio) = plt.subplots(1, 2, figsize=(11, 4))
-    for label, (rows, summary) in runs.items():
-        steps = [0] + [r["step"] for r in rows if "test_accuracy" in r]
-        vals = [summary["accuracy_before"]["sampled"]] + [r["test_accuracy"] for r in rows if "test_accuracy" in r]
-        acc.plot(steps, vals, marker="o", label=label)
-        ratio.plot([r["step"] for r in rows], [r["is_ratio_max"] for r in rows], lw=0.8, label=f"{label}: max")
-    acc.set(xlabel="step", ylabel="held-out sampled accuracy", title=f"demo job, async k = {k}")
-    ratio.set(xlabel="step", ylabel="pi_old / pi_behaviour per token", yscale="log",
-              title="how far the samples' policy is from the trained one")
+    styles = ["-", "--", ":", "-."]
+    first = min(runs)
+    for n, (seed, arms) in enumerate(sorted(runs.items())):
+        for c, (label, (rows, summary)) in enumerate(arms.items()):
+            steps = [0] + [r["step"] for r in rows if "test_accuracy" in r]
+            vals = [summary["accuracy_before"]["sampled"]] + [r["test_accuracy"] for r in rows if "test_accuracy" in r]
+            acc.plot(steps, vals, marker="o", ms=3, ls=styles[n % 4], color=f"C{c}", label=f"{label}, seed {seed}")
+            if seed == first:
+                ratio.plot([r["step"] for r in rows], [r["is_ratio_max"] for r in rows], lw=0.8, color=f"C{c}",
+                           label=label)
+    acc.set(xlabel="step", ylabel="held-out sampled accuracy (1,000 problems)", title=f"demo job, async k = {k}")
+    ratio.set(xlabel="step", ylabel="max over tokens of pi_old / pi_behaviour", yscale="log",
+              title=f"how far the samples' policy is from the trained one (seed {first})")
     ratio.axhline(1.0, color="grey", lw=0.5)
     for ax in (acc, ratio):
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -110,26 +116,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, default=2)
     ap.add_argument("--steps", type=int, default=None, help="fewer steps than the demo's")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run (the two run at once)")
-    ap.add_argument("--seed", type=int, default=0, help="the runs' seed (warm-up, prompts, sampling)")
+    ap.add_argument("--seed", type=int, nargs="+", default=[0],
+                    help="the runs' seeds (warm-up, prompts, sampling); each seed's pair runs after the last")
     ap.add_argument("--png", default=os.path.join(ROOT, "docs", "offpolicy-k2.png"))
     ap.add_argument("--plot-only", action="store_true")
     args = ap.parse_args(argv)
     arms = {"no correction": "none", f"off_policy = {args.correction}": args.correction}
-    outs = {label: os.path.join(args.out, f"seed{args.seed}", mode) for label, mode in arms.items()}
+    runs: dict[int, dict[str, tuple[list[dict], dict]]] = {}
     try:
-        if not args.plot_only:
-            procs = {label: train(job(mode, args.k, args.steps, args.threads, args.seed), outs[label])
-                     for label, mode in arms.items()}
-            failed = [label for label, p in procs.items() if p.wait() != 0]
-            if failed:
-                raise Bad(f"the run '{failed[0]}' failed: see {os.path.join(outs[failed[0]], 'train.log')}")
-        runs = {label: read(out) for label, out in outs.items()}
+        for seed in args.seed:
+            outs = {label: os.path.join(args.out, f"seed{seed}", mode) for label, mode in arms.items()}
+            if not args.plot_only:
+                procs = {label: train(job(mode, args.k, args.steps, args.threads, seed), outs[label])
+                         for label, mode in arms.items()}
+                failed = [label for label, p in procs.items() if p.wait() != 0]
+                if failed:
+                    raise Bad(f"the run '{failed[0]}' failed: see {os.path.join(outs[failed[0]], 'train.log')}")
+            runs[seed] = {label: read(out) for label, out in outs.items()}
     except Bad as e:
         print(f"offpolicy_compare: {e}", file=sys.stderr)
         return 1
     plot(runs, args.png, args.k)
-    print(json.dumps({"k": args.k, "seed": args.seed, "png": os.path.relpath(args.png, ROOT),
-                      "runs": {label: figures(*run) for label, run in runs.items()}}, indent=1))
+    print(json.dumps({"k": args.k, "png": os.path.relpath(args.png, ROOT),
+                      "runs": {f"seed {seed}": {label: figures(*run) for label, run in arms_.items()}
+                               for seed, arms_ in runs.items()}}, indent=1))
     return 0
 
 

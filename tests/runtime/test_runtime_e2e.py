@@ -165,8 +165,9 @@ def test_async_disaggregated_records_staleness(tmp_path):
         if s.model and s.kind.value != "sync":
             g = lay(g, s.name, dp=1)
     result = run(g, rt(tmp_path, steps=3), progress=False)
-    assert max(m["staleness_max"] for m in result.metrics) == 1  # step t+1 sampled with step t's weights
-    assert result.metrics[0]["staleness_max"] == 0
+    # step t+1 sampled with step t's weights: the bound k = 1 reached and never passed (the staleness
+    # contract; k = 2 in test_runtime_staleness.py)
+    assert [m["staleness_max"] for m in result.metrics] == [0, 1, 1]
     # the trainer's logprobs match the engine's for fresh samples; for samples one version old they differ
     # exactly when the update in between moved the weights (a step whose group rewards are all equal has
     # zero advantages, so zero gradient, and leaves them where they were)

@@ -1,6 +1,7 @@
 """The staleness contract: every sample a step trains on was generated with weights at most the plan's
 k versions old, checked as the batch is built. Async with k = 0 is the synchronous run bit for bit;
-k = 1 and k = 2 reach their bound and never pass it, also across a SIGKILL and `--resume`; a driver
+k = 2 reaches its bound and never passes it, also across a SIGKILL and `--resume` (k = 1: in
+test_runtime_e2e.py::test_async_disaggregated_records_staleness); a driver
 that launches generation further ahead than the plan allows is stopped with a one-line error."""
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def test_async_with_k0_reproduces_the_synchronous_run_bit_for_bit(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("k", [2])  # k = 1: test_runtime_e2e.py::test_async_disaggregated_records_staleness
 def test_lags_reach_k_and_never_exceed_it(tmp_path, k):
     result = run(split_plan(k), rt(tmp_path, steps=4, checkpoint_every=0), progress=False)
     lags = [m["staleness_max"] for m in result.metrics]
