@@ -183,7 +183,7 @@ class Steps:
               "response_len": sum(map(len, responses)) / len(responses),
               "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness)}
         if self.segment:  # how many weight versions the step's responses span (1: none changed mid-response)
-            spans = [len(set(tv)) for d in drawn for tv in d[2].token_versions if tv]
+            spans = [len(set(tv)) for d in drawn for tv in d[2].token_versions or [] if tv]
             m["versions_per_response_max"] = max(spans, default=1)
             m["mixed_version_frac"] = sum(x > 1 for x in spans) / max(1, len(spans))
         greedy_scores = None
