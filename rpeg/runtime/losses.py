@@ -190,6 +190,11 @@ def _log_rho(proximal: Tensor, behaviour: Tensor, mask: Tensor) -> Tensor:
     return guarded(torch.where(mask.bool(), proximal - behaviour, torch.zeros_like(proximal)))
 
 
+def _rho(proximal: Tensor, behaviour: Tensor, mask: Tensor) -> Tensor:
+    """rho = pi_prox / pi_behav per token (B, T), guarded; 1 at padding."""
+    return torch.exp(_log_rho(proximal, behaviour, mask))
+
+
 def no_correction(proximal: Tensor, behaviour: Tensor, mask: Tensor, config: AlgoConfig) -> Correction:
     """Every token weighs 1: on-policy PPO, or the engine's logprobs taken as the old ones."""
     m = mask.bool()
@@ -201,7 +206,7 @@ def tis_token(proximal: Tensor, behaviour: Tensor, mask: Tensor, config: AlgoCon
     Efficient RL Framework Secretly Brings You Off-Policy RL Training" (fengyao.notion.site), cap 2;
     verl's and ms-swift's token_truncate."""
     m = mask.bool()
-    rho = torch.exp(_log_rho(proximal, behaviour, m))
+    rho = _rho(proximal, behaviour, m)
     return Correction(rho.clamp(max=config.is_cap), m, m & (rho > config.is_cap))
 
 
@@ -223,7 +228,7 @@ def mask_token(proximal: Tensor, behaviour: Tensor, mask: Tensor, config: AlgoCo
     the loss; the rest weigh 1. IcePop (Ling Team 2025, arXiv 2510.18855, section 3.2); verl's and
     ms-swift's token_mask (bounds 0.5 and 2)."""
     m = mask.bool()
-    rho = torch.exp(_log_rho(proximal, behaviour, m))
+    rho = _rho(proximal, behaviour, m)
     keep = m & (rho >= config.is_low) & (rho <= config.is_cap)
     return Correction(torch.ones_like(proximal), keep, torch.zeros_like(m))
 
@@ -246,7 +251,7 @@ def decoupled(proximal: Tensor, behaviour: Tensor, mask: Tensor, config: AlgoCon
     Fu et al. 2025, AReaL (arXiv 2505.24298), eq. 5 and `behav_imp_weight_cap`. It differs from tis
     at the cap only: tis keeps such a token at weight is_cap, decoupled drops its gradient."""
     m = mask.bool()
-    rho = torch.exp(_log_rho(proximal, behaviour, m))
+    rho = _rho(proximal, behaviour, m)
     over = rho > config.is_cap
     return Correction(torch.where(over, torch.zeros_like(rho), rho), m, m & over)
 
@@ -326,7 +331,7 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
         "ratio_max": torch.where(m, ratio, zero).max(),
     }
     if behaviour_logprobs is not None:  # how far the samples' policy is from the proximal one: pi_old / pi_behav
-        rho = torch.exp(_log_rho(old_logprobs.detach(), behaviour_logprobs, m))
+        rho = _rho(old_logprobs.detach(), behaviour_logprobs, m)
         metrics |= {"is_ratio_mean": masked_mean(rho, m), "is_ratio_max": torch.where(m, rho, zero).max()}
     if config.corrects_off_policy:
         metrics |= {"is_weight_mean": masked_mean(fix.weight, fix.keep),

@@ -221,10 +221,8 @@ class Engines:
         """Start generating `prompts`, split over the engines (engine j seeded `seed + j`): the futures.
         `segment` > 0: partial rollout, `segment` tokens at a time (workers.RolloutWorker.generate_partial)."""
         parts = shards(len(prompts), len(self.ranks))
-        if segment > 0:
-            return [[w.generate_partial.remote([prompts[i] for i in idx], params, seed + j, segment) for w in ranks]
-                    for j, (ranks, idx) in enumerate(zip(self.ranks, parts))]
-        return [[w.generate.remote([prompts[i] for i in idx], params, seed + j) for w in ranks]
+        method, extra = ("generate_partial", (segment,)) if segment > 0 else ("generate", ())
+        return [[getattr(w, method).remote([prompts[i] for i in idx], params, seed + j, *extra) for w in ranks]
                 for j, (ranks, idx) in enumerate(zip(self.ranks, parts))]
 
     def wait(self, pending: list[list]) -> list:
