@@ -1,0 +1,483 @@
+"""What the importers and exporters share: one neutral view of a planned RL job.
+
+A `PlanView` is everything a peer's config can say about a job and its plan, in RPEG's terms: the
+algorithm and its options, the models (as RPEG presets), the job's sizes, the devices, and the plan
+(async bound, partial rollout, critic sharing, fusion, streaming, device groups and which stage runs
+where, each model stage's parallel layout, the weight-sync gather). An importer turns a peer's
+config into a view (`Imported`); an exporter turns a view into a peer's config (`Exported`).
+
+The view is exact both ways: `view_of(spec.graph())` reads a planned graph, `job_data(view)` writes
+the RPEG job file (with the plan as its `passes:`) that builds that same graph again, so
+`view_of(load(job_data(v))) == v`. Round trips through a peer (export, then import) are checked on
+views: equal fields, equal plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from rpeg.algorithms import get_algorithm
+from rpeg.errors import RpegError
+from rpeg.graph import Graph, Job, Kind, ParallelLayout
+from rpeg.graph.presets import get_model, model_names
+from rpeg.graph.serde import to_data
+
+# stages that run a model and so carry a layout, in the order the algorithms build them
+MODEL_STAGES = ("generate", "generate_greedy", "reward", "actor_logprobs", "ref_logprobs", "critic_values",
+                "actor_update", "critic_update")
+
+
+@dataclass(frozen=True, slots=True)
+class PlanView:
+    """A job and its plan, as the peers' configs can state them (see the module docstring).
+
+    models: RPEG preset names; `critic` is None without a critic or when it is shared with the
+    actor (`share`); `reward` None: a rule-based reward. `groups`: (name, first device, count);
+    `assign`: (stage, group) for every stage but the weight sync; `layouts`: (stage, layout) for every
+    model stage; `streams`: (producer, consumer, micro-batches)."""
+
+    algorithm: str
+    actor: str
+    job: Job
+    gpus: int
+    critic: str | None = None
+    reward: str | None = None
+    config: tuple[tuple[str, Any], ...] = ()  # the algorithm options that differ from its defaults
+    cluster: str | None = None
+    async_bound: int = 0
+    partial: bool = False
+    share: bool = False
+    fusion: tuple[tuple[str, ...], ...] = ()
+    streams: tuple[tuple[str, str, int], ...] = ()
+    groups: tuple[tuple[str, int, int], ...] = ()
+    assign: tuple[tuple[str, str], ...] = ()
+    layouts: tuple[tuple[str, ParallelLayout], ...] = ()
+    refit_gather: str = "shard"
+    reference_on_host: bool = False
+
+    def replace(self, **changes) -> PlanView:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.config)
+
+    def layout(self, stage: str) -> ParallelLayout | None:
+        return dict(self.layouts).get(stage)
+
+    def group_of(self, stage: str) -> tuple[str, int, int] | None:
+        name = dict(self.assign).get(stage)
+        return next((g for g in self.groups if g[0] == name), None)
+
+    def stages(self) -> tuple[str, ...]:
+        return tuple(s for s, _ in self.assign)
+
+
+@dataclass(frozen=True, slots=True)
+class Imported:
+    """A peer's job read into RPEG: the view, the peer's run mode, and every line the importer could
+    not map (`unmapped`) or had to assume because the config does not say (`assumed`)."""
+
+    system: str
+    mode: str
+    view: PlanView
+    unmapped: tuple[str, ...] = ()
+    assumed: tuple[str, ...] = ()
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Exported:
+    """A peer's config written from a view: its text, and one line per part of the plan the peer
+    cannot express (those parts are left out of `text`; `view` is the plan the text does say)."""
+
+    system: str
+    text: str
+    view: PlanView
+    left_out: tuple[str, ...] = ()
+    filename: str = ""
+
+
+# ---- reading a planned graph ---------------------------------------------------------------------
+
+def config_overrides(graph: Graph) -> tuple[tuple[str, Any], ...]:
+    """The algorithm options of `graph` that differ from its algorithm's defaults, sorted by name."""
+    default = algo_options(get_algorithm(graph.algorithm).default)
+    now = algo_options(graph.config)
+    return tuple(sorted((k, v) for k, v in now.items() if default[k] != v))
+
+
+def algo_options(config) -> dict[str, Any]:
+    """Every field of an AlgoConfig, defaults included (to_data leaves those out)."""
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
+def config_tuple(algorithm: str, options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """`options` as a view holds them: checked against AlgoConfig, only those that differ from the
+    algorithm's defaults, sorted by name."""
+    from rpeg.graph.config import AlgoConfig
+    from rpeg.graph.serde import from_data
+
+    default = algo_options(get_algorithm(algorithm).default)
+    full = algo_options(from_data(AlgoConfig, {**to_data(get_algorithm(algorithm).default), **options}, "config"))
+    return tuple(sorted((k, v) for k, v in full.items() if default[k] != v))
+
+
+def view_of(graph: Graph, *, actor: str, critic: str | None = None, reward: str | None = None,
+            cluster: str | None = None, gpus: int | None = None) -> PlanView:
+    """The view of a planned graph (its model preset names passed in: the graph keeps ModelSpecs)."""
+    shared = any(h.startswith("share_actor_critic") for h in graph.history)
+    if not graph.groups:
+        raise RpegError("this job has no plan to read: its passes place no stage on devices "
+                        "(`rpeg plan JOB --write PLAN.yaml` writes a complete plan)")
+    missing = [s.name for s in graph.stages if s.model and s.kind is not Kind.SYNC and s.layout is None]
+    if missing:
+        raise RpegError(f"this plan lays out no parallel layout for {', '.join(missing)} "
+                        "(`rpeg plan JOB --write PLAN.yaml` writes a complete plan)")
+    used = max(g.first + g.count for g in graph.groups)
+    return PlanView(
+        algorithm=graph.algorithm, actor=actor, critic=None if shared else critic, reward=reward, job=graph.job,
+        gpus=gpus or used, config=config_overrides(graph), cluster=cluster, async_bound=graph.async_bound,
+        partial=graph.partial_rollout, share=shared, fusion=tuple(tuple(f) for f in graph.fusion),
+        streams=tuple((s.producer, s.consumer, s.microbatches) for s in graph.streams),
+        groups=tuple((g.name, g.first, g.count) for g in graph.groups),
+        assign=tuple((s.name, s.group) for s in graph.stages if s.kind is not Kind.SYNC and s.group),
+        layouts=tuple((s.name, s.layout) for s in graph.stages if s.layout is not None and s.kind is not Kind.SYNC),
+        refit_gather=graph.refit_gather, reference_on_host=graph.reference_on_host)
+
+
+def load_view(data: dict, source: str = "plan") -> PlanView:
+    """The view of an RPEG job file's data whose passes make a complete plan."""
+    from rpeg.spec import spec_from_data
+
+    spec = spec_from_data(data, source)
+    graph = spec.graph()
+    name = _preset_name(data.get("model"), spec.models.actor)
+    critic = _preset_name(data.get("critic") or data.get("model"), spec.models.actor) if graph.has_model("critic") \
+        or any(h.startswith("share_actor_critic") for h in graph.history) else None
+    reward = _preset_name(data["reward"], spec.models.reward) if spec.models.reward is not None else None
+    return view_of(graph, actor=name, critic=critic, reward=reward, cluster=spec.cluster, gpus=spec.gpus)
+
+
+def _preset_name(given: Any, spec) -> str:
+    if isinstance(given, str):
+        return get_model(given).name
+    if isinstance(given, dict) and set(given) == {"preset"}:
+        return get_model(given["preset"]).name
+    raise RpegError(f"a plan for a peer names its models by preset (`rpeg models`), not by dimensions: {spec.name}")
+
+
+# ---- writing the RPEG job file of a view ---------------------------------------------------------
+
+_LAYOUT_DEFAULT = ParallelLayout()
+
+
+def layout_data(layout: ParallelLayout) -> dict[str, Any]:
+    """A layout's fields that differ from the defaults (dp always), as `parallelize` takes them."""
+    out: dict[str, Any] = {"dp": layout.dp}
+    for f in dataclasses.fields(ParallelLayout):
+        v = getattr(layout, f.name)
+        if f.name != "dp" and v != getattr(_LAYOUT_DEFAULT, f.name):
+            out[f.name] = v
+    return out
+
+
+def passes_of(view: PlanView) -> list[dict[str, Any]]:
+    """The plan of `view` as a job file's `passes:` list (structure first, then execution)."""
+    out: list[dict[str, Any]] = []
+    if view.share:
+        out.append({"share_actor_critic": {}})
+    if view.async_bound:
+        out.append({"bound_asynchrony": {"k": view.async_bound}})
+    if view.partial:
+        out.append({"partial_rollout": {}})
+    out.append({"place": {"groups": {n: [first, count] for n, first, count in view.groups},
+                          "assign": {s: g for s, g in view.assign}}})
+    for f in view.fusion:
+        out.append({"fuse": {"stages": list(f)}})
+    by_m: dict[int, list[list[str]]] = {}
+    for p, c, m in view.streams:
+        by_m.setdefault(m, []).append([p, c])
+    for m, edges in by_m.items():
+        out.append({"stream": {"microbatches": m, "edges": edges}})
+    if view.refit_gather != "shard":
+        out.append({"refit": {"gather": view.refit_gather}})
+    if view.reference_on_host:
+        out.append({"reference_on_host": {}})
+    for stage, lay in view.layouts:
+        out.append({"parallelize": {"stage": stage, **layout_data(lay)}})
+    return out
+
+
+def job_data(view: PlanView) -> dict[str, Any]:
+    """The RPEG job file (a mapping, as `rpeg predict` / `rpeg train` read it) of `view`."""
+    data: dict[str, Any] = {"algorithm": view.algorithm, "model": view.actor}
+    if view.critic or view.share:
+        data["critic"] = view.critic or view.actor
+    if view.reward:
+        data["reward"] = view.reward
+    data["job"] = to_data(view.job)
+    if view.config:
+        data["config"] = dict(view.config)
+    if view.cluster:
+        data["cluster"] = view.cluster
+    data["gpus"] = view.gpus
+    data["passes"] = passes_of(view)
+    return data
+
+
+def graph_of(view: PlanView) -> Graph:
+    """The planned graph of `view` (its job file, built)."""
+    from rpeg.spec import spec_from_data
+
+    return spec_from_data(job_data(view), "plan").graph()
+
+
+# ---- what every importer needs -------------------------------------------------------------------
+
+# Hugging Face repository names (the part after the organisation) -> RPEG preset, by the first
+# pattern that matches the lower-cased name. Instruct / Math / Base / Coder variants share their base
+# model's architecture.
+_PRESET_PATTERNS = (
+    (r"llama-?3\.[123]-8b", "llama-3.1-8B"), (r"llama-?3(\.[0-9])?-70b", "llama-3.1-70B"),
+    (r"llama-?3\.1-405b", "llama-3.1-405B"), (r"llama-?2-7b", "llama-2-7B"), (r"llama-?2-13b", "llama-2-13B"),
+    (r"llama-?2-70b", "llama-2-70B"),
+    # Qwen2's 0.5B, 1.5B, 7B and 72B have Qwen2.5's shapes (layers, widths, heads, vocabulary)
+    (r"qwen2(\.5)?-(math-|coder-)?0\.5b", "qwen2.5-0.5B"), (r"qwen2(\.5)?-(math-|coder-)?1\.5b", "qwen2.5-1.5B"),
+    (r"qwen2(\.5)?-(math-|coder-)?7b", "qwen2.5-7B"), (r"qwen2\.5-(math-|coder-)?14b", "qwen2.5-14B"),
+    (r"qwen2\.5-(math-|coder-)?32b", "qwen2.5-32B"), (r"qwen2(\.5)?-(math-|coder-)?72b", "qwen2.5-72B"),
+    (r"qwen3-0\.6b", "qwen3-0.6B"), (r"qwen3-1\.7b", "qwen3-1.7B"), (r"qwen3-4b", "qwen3-4B"),
+    (r"qwen3-8b", "qwen3-8B"), (r"qwen3-14b", "qwen3-14B"), (r"qwen3-32b", "qwen3-32B"),
+    (r"qwen3-30b-a3b", "qwen3-30B-A3B"), (r"qwen3-235b-a22b", "qwen3-235B-A22B"),
+    (r"fsfairx-llama3-rm", "llama-3.1-8B"),  # a reward model on Llama-3-8B (sfairXC/FsfairX-LLaMA3-RM-v0.1)
+    (r"deepseek-v3|deepseek-r1(?!-distill)", "deepseek-v3"),
+    (r"deepseek-r1-distill-qwen-1\.5b", "qwen2.5-1.5B"), (r"deepseek-r1-distill-qwen-7b", "qwen2.5-7B"),
+    (r"deepseek-r1-distill-qwen-14b", "qwen2.5-14B"), (r"deepseek-r1-distill-qwen-32b", "qwen2.5-32B"),
+    (r"deepseek-r1-distill-llama-8b", "llama-3.1-8B"), (r"deepseek-r1-distill-llama-70b", "llama-3.1-70B"),
+)
+
+
+def preset_for(path: str) -> str | None:
+    """The RPEG preset of a model path or name (`Qwen/Qwen2.5-7B-Instruct`, `~/models/Qwen3-8B`), or
+    None. An RPEG preset name is itself."""
+    if not isinstance(path, str) or not path:
+        return None
+    if path in model_names():
+        return path
+    low = path.rstrip("/").lower()
+    for pattern, name in _PRESET_PATTERNS:
+        if re.search(pattern, low):
+            return name
+    return None
+
+
+def model_preset(path: Any, key: str, override: str | None = None) -> str:
+    """The preset for the model at `key`, or a one-line error naming the key and the way out."""
+    if override:
+        return get_model(override).name
+    name = preset_for(path) if isinstance(path, str) else None
+    if name is None:
+        raise RpegError(f"{key} = {path!r}: no RPEG model preset matches it (`rpeg models` lists them); "
+                        "name one with --model")
+    return name
+
+
+@dataclass
+class Notes:
+    """What an importer collects as it reads: lines it could not map, and assumptions it made."""
+
+    unmapped: list[str] = field(default_factory=list)
+    assumed: list[str] = field(default_factory=list)
+
+    def skip(self, key: str, value: Any, why: str) -> None:
+        self.unmapped.append(f"{key} = {_show(value)}: {why}")
+
+    def assume(self, what: str) -> None:
+        self.assumed.append(what)
+
+
+def _show(value: Any) -> str:
+    text = repr(value) if not isinstance(value, str) else value
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# response lengths: a peer's config gives the cap, not the distribution. Reasoning RL responses
+# are long-tailed; without a measurement the importer assumes a log-normal whose mean is a third of
+# the cap (DAPO's Qwen2.5-32B run: mean ~ 5-7K tokens of a 20K cap in its published curves, arXiv
+# 2503.14476 fig. 7) and says so; --response-mean replaces the guess.
+RESPONSE_MEAN_OF_MAX = 1 / 3
+
+
+def response_of(max_tokens: int, mean: float | None, notes: Notes) -> dict[str, Any]:
+    if mean is None:
+        mean = round(max_tokens * RESPONSE_MEAN_OF_MAX)
+        notes.assume(f"response lengths: the config gives only the cap ({max_tokens}); assumed log-normal with "
+                     f"mean {mean} (a third of the cap; --response-mean sets it)")
+    if mean > max_tokens:
+        raise RpegError(f"--response-mean {mean} exceeds the config's response cap of {max_tokens} tokens")
+    return {"kind": "lognormal", "mean": float(mean), "max": int(max_tokens)}
+
+
+def stage_names(algorithm: str, *, critic: bool, reference: bool, reward_model: bool, share: bool) -> list[str]:
+    """The model stages the algorithm's graph has for these models (the order the algorithm builds them)."""
+    from rpeg.algorithms import Models, build_graph
+
+    m = get_model("qwen2.5-0.5B")
+    models = Models(actor=m, critic=m if critic else None, reward=m if reward_model else None, reference=None)
+    g = build_graph(algorithm, Job(), models, **({} if reference else {"kl_coef": 0.0}))
+    names = [s.name for s in g.stages if s.kind is not Kind.SYNC]
+    if share:
+        names = [n for n in names if n not in ("critic_values", "critic_update")]
+    return names
+
+
+# ---- launch scripts ------------------------------------------------------------------------------
+
+def _arith(expr: str, env: dict[str, str], where: str) -> str:
+    """Shell arithmetic `$(( ... ))` over whole numbers: names read from `env`."""
+    import ast
+    import operator
+
+    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
+           ast.Div: operator.floordiv, ast.Mod: operator.mod}
+    text = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", r"\1", expr)
+
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name):
+            value = env.get(node.id, "0")
+            try:
+                return int(value)
+            except ValueError:
+                raise RpegError(f"{where}: $(({expr})): {node.id} = {value!r} is not a whole number") from None
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            return ops[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        raise RpegError(f"{where}: $(({expr})): only + - * / % of whole numbers are read")
+
+    try:
+        return str(ev(ast.parse(text.replace("/", "//").replace("////", "//"), mode="eval")))
+    except SyntaxError:
+        raise RpegError(f"{where}: $(({expr})) is not shell arithmetic this reader follows") from None
+
+
+def expand(text: str, env: dict[str, str], where: str) -> str:
+    """Shell parameter expansion as launch scripts use it: $X, ${X}, ${X:-default}, ${X-default},
+    $((arithmetic)), $@ / $* (nothing). An unset variable expands to nothing, as in the shell."""
+    out, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and i + 1 < len(text):
+            out.append(text[i:i + 2])
+            i += 2
+            continue
+        if c != "$" or i + 1 >= len(text):
+            out.append(c)
+            i += 1
+            continue
+        if text.startswith("$((", i):
+            depth, j = 0, i + 1
+            while j < len(text):
+                depth += {"(": 1, ")": -1}.get(text[j], 0)
+                if depth == 0:
+                    break
+                j += 1
+            out.append(_arith(expand(text[i + 3:j - 1], env, where), env, where))
+            i = j + 1
+            continue
+        if text[i + 1] == "{":
+            depth, j = 1, i + 2
+            while j < len(text) and depth:
+                depth += {"{": 1, "}": -1}.get(text[j], 0)
+                j += 1
+            body = text[i + 2:j - 1]
+            m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(:?-)(.*)", body, re.S)
+            if m:
+                name, op, default = m.groups()
+                value = env.get(name)
+                use_default = value is None or (op == ":-" and value == "")
+                out.append(expand(_unquote(default), env, where) if use_default else value)
+            else:
+                out.append(env.get(body, ""))
+            i = j
+            continue
+        m = re.match(r"[A-Za-z_][A-Za-z0-9_]*|[@*#0-9]", text[i + 1:])
+        if m:
+            out.append(env.get(m.group(0), "") if m.group(0) not in "@*" else "")
+            i += 1 + len(m.group(0))
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _unquote(text: str) -> str:
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
+
+
+def _splice(line: str, arrays: dict[str, list[str]]) -> str:
+    """`"${name[@]}"` -> the array's words, each quoted for the shell."""
+    import shlex
+
+    def words(m: re.Match) -> str:
+        return " ".join(shlex.quote(w) for w in arrays.get(m.group(1), []))
+
+    return re.sub(r'"?\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}"?', words, line)
+
+
+def script_command(text: str, entry: re.Pattern, where: str) -> tuple[list[str], str]:
+    """The words of the command in a launch script that runs `entry` (a pattern over one word, e.g.
+    a module name), after the script's own variable assignments are expanded; and the word matched.
+
+    Reads what launch scripts do: backslash-continued lines, comments, `NAME=value` and `export
+    NAME=value` assignments (in order, so later ones see earlier ones), `${X:-default}` and
+    `$((...))`. Control flow (if / for) is not run: assignments inside it are read in order too."""
+    import shlex
+
+    joined = re.sub(r"\\\r?\n", " ", text)
+    env: dict[str, str] = {"HOME": "~"}
+    arrays: dict[str, list[str]] = {}
+    lines = iter(joined.splitlines())
+    for raw in lines:
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"(?:declare\s+-a\s+|local\s+)?([A-Za-z_][A-Za-z0-9_]*)=\((.*)$", line)
+        if m:  # an array: NAME=( words ... ), over lines until the closing parenthesis
+            name, body = m.group(1), [m.group(2)]
+            while ")" not in body[-1].split("#")[0]:
+                nxt = next(lines, None)
+                if nxt is None:
+                    raise RpegError(f"{where}: the array {name}=( is never closed")
+                body.append(nxt.strip())
+            content = " ".join(b.split("#")[0] if not b.startswith("#") else "" for b in body)
+            content = content[:content.rindex(")")]
+            try:
+                arrays[name] = shlex.split(_splice(expand(content, env, where), arrays))
+            except ValueError as e:
+                raise RpegError(f"{where}: cannot split the array {name} ({e})") from None
+            continue
+        line = _splice(line, arrays)
+        try:
+            words = shlex.split(expand(line, env, where), comments=True)
+        except ValueError as e:
+            raise RpegError(f"{where}: cannot split a line of the script ({e}): {line[:80]}") from None
+        if words and words[0] in ("export", "local", "readonly"):
+            words = words[1:]
+        m = re.match(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)$", words[0], re.S) if len(words) == 1 else None
+        if m:
+            env[m.group(1)] = m.group(2)
+            continue
+        for k, w in enumerate(words):
+            if entry.search(w):
+                return words[k + 1:], w
+    raise RpegError(f"{where}: no command in it runs {entry.pattern}")

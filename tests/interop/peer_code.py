@@ -1,0 +1,97 @@
+"""The peers' own code, for the interop tests: verl's Hydra config and checks, a local model folder.
+
+`make test-peers` installs verl 0.9.1, OpenRLHF 0.11.2 and AReaL 1.0.4 (without their GPU
+dependencies) into .venv-peers and sets RPEG_REQUIRE_PEERS=1, so a missing package fails there
+instead of skipping; in `make test` (no peer installed) the tests that need one skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+
+from rpeg.graph.presets import get_model
+
+REQUIRED = bool(os.environ.get("RPEG_REQUIRE_PEERS"))
+
+
+def need(module: str):
+    """The peer's module, or a skip (a failure under RPEG_REQUIRE_PEERS=1)."""
+    try:
+        return __import__(module)
+    except ImportError as e:
+        if REQUIRED:
+            pytest.fail(f"RPEG_REQUIRE_PEERS=1 but {module} does not import: {e}")
+        pytest.skip(f"{module} is not installed (`make test-peers` installs it)")
+
+
+def hf_folder(root: Path, preset: str) -> Path:
+    """A local Hugging Face model folder with the preset's architecture (config.json) and a small
+    tokenizer: what verl's HFModelConfig opens when it checks a model path. No weights."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    spec = get_model(preset)
+    folder = root / preset
+    if folder.exists():
+        return folder
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": spec.hidden,
+        "intermediate_size": spec.ffn, "num_hidden_layers": spec.layers, "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads, "vocab_size": spec.vocab, "max_position_embeddings": 131072,
+        "torch_dtype": "bfloat16"}))
+    words = "abcdefghijklmnopqrstuvwxyz0123456789"
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+                            unk_token="<unk>").save_pretrained(folder)
+    return folder
+
+
+def verl_check(words: list[str], mode: str):
+    """Compose verl's Hydra config from the exported overrides as verl's entry would (its own config
+    folder, --config-name, the overrides) and run the checks that entry runs before it starts Ray:
+    `validate_config` (main_ppo, one_step_off_policy.main_ppo), or for fully_async_main the
+    dataclass conversions and the rollouter's own assertion. Returns the composed config."""
+    need("verl")
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import verl
+    from rpeg.interop.verl import CONFIG_NAMES
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    pkg = Path(verl.__file__).parent
+    folder = {"sync": "trainer/config", "one-step-off": "experimental/one_step_off_policy/config",
+              "fully-async": "experimental/fully_async_policy/config"}[mode]
+    name = next((w.split("=", 1)[1] for w in words if w.startswith("--config-name=")), CONFIG_NAMES[mode][0])
+    overrides = [w for w in words if w and not w.startswith("--")]
+    GlobalHydra.instance().clear()
+    here = os.getcwd()
+    os.chdir(pkg.parent)  # one_step_off_ppo_trainer.yaml finds ppo_trainer at file://verl/trainer/config
+    try:
+        with initialize_config_dir(config_dir=str(pkg / folder), version_base=None):
+            cfg = compose(config_name=name, overrides=overrides)
+    finally:
+        os.chdir(here)
+        GlobalHydra.instance().clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if mode == "fully-async":  # fully_async_main.main and FullyAsyncRollouter._validate_config
+            cfg.actor_rollout_ref.rollout.nnodes = cfg.rollout.nnodes
+            cfg.actor_rollout_ref.rollout.n_gpus_per_node = cfg.rollout.n_gpus_per_node
+            omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+            assert cfg.actor_rollout_ref.rollout.calculate_log_probs, "must rollout calculate log_probs"
+            if need_critic(cfg):
+                omega_conf_to_dataclass(cfg.critic)
+        else:
+            validate_config(cfg, need_reference_policy(cfg), need_critic(cfg))
+        omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+    return cfg
