@@ -119,3 +119,31 @@ def load_spec(path: str) -> JobSpec:
     except RpegError as e:
         msg = str(e)
         raise RpegError(msg if path in msg else f"{path}: {msg}") from None
+
+
+def spec_data(spec: JobSpec, passes: list | None = None, cluster: str | None = None,
+              gpus: int | None = None) -> dict[str, Any]:
+    """The job file of `spec` (a mapping `spec_from_data` reads back), with `passes` in place of its
+    own when given. Models are written by preset name, or by their dimensions when not a preset."""
+    from rpeg.graph.presets import model_names
+    from rpeg.graph.serde import to_data
+
+    def model(m: ModelSpec) -> Any:
+        return m.name if m.name in model_names() and get_model(m.name) == m else to_data(m)
+
+    data: dict[str, Any] = {"algorithm": spec.algorithm, "model": model(spec.models.actor)}
+    for role in ("critic", "reference", "reward"):
+        m = getattr(spec.models, role)
+        if m is not None:
+            data[role] = model(m)
+    data["job"] = to_data(spec.job)
+    if spec.config:
+        data["config"] = dict(spec.config)
+    if cluster or spec.cluster:
+        data["cluster"] = cluster or spec.cluster
+    if gpus or spec.gpus:
+        data["gpus"] = gpus or spec.gpus
+    data["passes"] = passes if passes is not None else [{c.name: dict(c.args)} for c in spec.passes]
+    if spec.runtime is not None:
+        data["runtime"] = dict(spec.runtime)
+    return data

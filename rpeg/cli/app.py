@@ -9,6 +9,8 @@
     rpeg validate FILE.yaml [--json]        the performance model against published measurements
     rpeg plan JOB.yaml --cluster C --gpus N  the best plan beside verl's, ReaL's, ... (trace, Gantt)
     rpeg train JOB.yaml [--resume]          train for real on Ray + PyTorch (the job's runtime section)
+    rpeg import FILE --from verl|openrlhf|areal   a peer's job: its predicted step beside RPEG's plan
+    rpeg export PLAN.yaml --to verl|openrlhf|areal  a plan as the peer's config, with what it leaves out
     rpeg hardware                           device and cluster presets with their figures
     rpeg calibrate [--devices D]            measure this machine (the cpu-local device; D sharing its cores)
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from rpeg.cli import graph, perf, plan, train
+from rpeg.cli import graph, interop, perf, plan, train
 from rpeg.cli.common import Parser
 from rpeg.errors import DoesNotFit, RpegError
 
@@ -29,7 +31,7 @@ from rpeg.errors import DoesNotFit, RpegError
 def build_parser() -> Parser:
     p = Parser(prog="rpeg", description="Plan and run RL post-training of reasoning LMs from one graph IR.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for module in (graph, perf, plan, train):
+    for module in (graph, perf, plan, train, interop):
         module.add_parsers(sub)
     return p
 

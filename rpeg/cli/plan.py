@@ -78,6 +78,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         btl = simulate(g, cluster, args.steps) if pred.fits else None
         rows.append((bname, cand if pred.fits else None, btl))
     with out:
+        _write_plan(out.file("rpeg-plan.yaml"), spec, best, cluster, gpus, args)
         write_trace(tl, out.file("plan-trace.json"), "rpeg plan")
         write_gantt(tl, out.file("plan-gantt.png"), f"rpeg: {best.name}")
         for bname, cand, btl in rows[1:]:
@@ -120,6 +121,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(f"  {k}: {v}")
     print("\nwrote " + ", ".join(files))
     return 0
+
+
+def _write_plan(path: str, spec, best, cluster, gpus: int, args) -> None:
+    """The chosen plan as a job file (its passes make the whole plan): `rpeg predict`, `rpeg train` and
+    `rpeg export` read it."""
+    from rpeg.graph.serde import dump_yaml
+    from rpeg.interop.common import passes_of, view_of
+    from rpeg.spec import spec_data
+
+    passes = passes_of(view_of(best.graph, actor=spec.models.actor.name))
+    data = spec_data(spec, passes, cluster=args.cluster or spec.cluster or cluster.name, gpus=gpus)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"# rpeg plan: {best.name}; predicted {best.step_s:.2f} s a step on {gpus} x {cluster.device.name}\n"
+                + dump_yaml(data))
 
 
 def _bare(spec):

@@ -132,11 +132,11 @@ def view_of(graph: Graph, *, actor: str, critic: str | None = None, reward: str 
     shared = any(h.startswith("share_actor_critic") for h in graph.history)
     if not graph.groups:
         raise RpegError("this job has no plan to read: its passes place no stage on devices "
-                        "(`rpeg plan JOB --write PLAN.yaml` writes a complete plan)")
+                        "(`rpeg plan JOB` writes a complete one: rpeg-out/rpeg-plan.yaml)")
     missing = [s.name for s in graph.stages if s.model and s.kind is not Kind.SYNC and s.layout is None]
     if missing:
-        raise RpegError(f"this plan lays out no parallel layout for {', '.join(missing)} "
-                        "(`rpeg plan JOB --write PLAN.yaml` writes a complete plan)")
+        raise RpegError(f"this plan gives no parallel layout for {', '.join(missing)} "
+                        "(`rpeg plan JOB` writes a complete one: rpeg-out/rpeg-plan.yaml)")
     used = max(g.first + g.count for g in graph.groups)
     return PlanView(
         algorithm=graph.algorithm, actor=actor, critic=None if shared else critic, reward=reward, job=graph.job,

@@ -1,0 +1,286 @@
+"""`rpeg import` and `rpeg export`: a peer's job read into RPEG, and RPEG's plan written as a peer's config.
+
+    rpeg import run_qwen2-7b_math.sh --from verl [--cluster C] [--model M] [--response-mean N]
+    rpeg export rpeg-out/rpeg-plan.yaml --to verl [--out FILE]
+
+`import` prints what it read (and, one line each, what it could not map or had to assume), the
+peer's plan as that system runs it beside the plan `rpeg plan` finds for the same job and devices,
+and writes both as RPEG job files plus RPEG's plan in the peer's own config (`--out`).
+`export` writes a plan file (a job whose passes make a complete plan: `rpeg plan` and `rpeg import`
+write them) as the peer's config, with a comment block naming what the peer cannot express and the
+predicted cost of leaving it out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from rpeg.cli.common import MAX_STALENESS, MAX_STEPS, count, print_json, real
+from rpeg.errors import RpegError
+from rpeg.graph.bounds import MAX_TOKENS
+from rpeg.interop import SYSTEMS
+from rpeg.outfolder import OutputFolder
+from rpeg.report import table
+
+DEFAULT_CLUSTER = "dgx-h100"
+MAX_FILE_BYTES = 4 << 20  # a launch script or config; anything larger is not one
+MODES = {"sync": "synchronous trainer", "one-step-off": "one-step-off trainer", "fully-async": "fully-async trainer"}
+
+
+def add_parsers(sub) -> None:
+    im = sub.add_parser("import", help="read a verl / OpenRLHF / AReaL job; its predicted step beside RPEG's plan")
+    im.add_argument("file", metavar="FILE", help="the peer's launch script or config file")
+    im.add_argument("--from", dest="system", required=True, choices=SYSTEMS, help="the system the file is for")
+    im.add_argument("--model", help="RPEG preset of the actor when the config's model path names none (`rpeg models`)")
+    im.add_argument("--response-mean", type=real(1, MAX_TOKENS),
+                    help="mean response tokens (a config gives only the cap; default: a third of it)")
+    im.add_argument("--cluster", help=f"cluster preset or file the job runs on (default {DEFAULT_CLUSTER})")
+    im.add_argument("--max-staleness", type=count(0, MAX_STALENESS), default=1,
+                    help="largest async bound RPEG's search may use (1)")
+    im.add_argument("--steps", type=count(1, MAX_STEPS), default=8, help="steps to simulate (8)")
+    im.add_argument("--out", default="rpeg-out", help="folder for the job files and RPEG's plan as a config (rpeg-out)")
+    im.add_argument("--json", action="store_true", help="print JSON")
+    im.set_defaults(fn=cmd_import)
+
+    ex = sub.add_parser("export", help="write a plan as a verl / OpenRLHF / AReaL config")
+    ex.add_argument("plan", metavar="PLAN.yaml", help="a job file whose passes make a complete plan "
+                    "(rpeg plan and rpeg import write them)")
+    ex.add_argument("--to", dest="system", required=True, choices=SYSTEMS, help="the system to write for")
+    ex.add_argument("--cluster", help="cluster for the predicted costs (default: the plan's, else "
+                    f"{DEFAULT_CLUSTER})")
+    ex.add_argument("--out", help="file to write (default: print to standard output)")
+    ex.set_defaults(fn=cmd_export)
+
+
+def _read_text(path: str) -> str:
+    if not os.path.exists(path):
+        raise RpegError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise RpegError(f"{path}: is a folder, not a file")
+    if os.path.getsize(path) > MAX_FILE_BYTES:
+        raise RpegError(f"{path}: {os.path.getsize(path):,} bytes is not a launch script or config "
+                        f"(more than {MAX_FILE_BYTES >> 20} MiB)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError:
+        raise RpegError(f"{path}: not a text file (UTF-8)") from None
+    except OSError as e:
+        raise RpegError(f"{path}: {e.strerror}") from None
+
+
+def _predict(graph, cluster, steps: int):
+    """(prediction, simulated timeline or None when it does not fit)."""
+    from rpeg.perf.step import predict_step
+    from rpeg.sim import simulate
+
+    pred = predict_step(graph, cluster)
+    return pred, simulate(graph, cluster, steps) if pred.fits else None
+
+
+def _summary(name: str, pred, tl, cluster, gpus: int, ref_s: float | None) -> dict:
+    if not pred.fits:
+        worst = max(pred.oom, key=lambda c: c.peak_memory_bytes) if pred.oom else None
+        return {"plan": name, "fits": False, "step_s": None,
+                "does_not_fit": (f"{worst.stage} needs {worst.peak_memory_bytes / 1e9:.0f} GB per GPU of "
+                                 f"{cluster.device.hbm_capacity_bytes / 1e9:.0f} GB") if worst else "out of memory"}
+    peak = max(c.peak_memory_bytes for c in pred.stages.values())
+    return {"plan": name, "fits": True, "step_s": pred.step_s, "tokens_per_s": pred.tokens / pred.step_s,
+            "utilization": tl.utilization, "mfu": tl.mfu, "peak_memory_gb": peak / 1e9,
+            "usd_per_step": cluster.usd(gpus, pred.step_s), "bottleneck": pred.bottleneck,
+            "speedup": None if ref_s is None else pred.step_s / ref_s}
+
+
+def _stage_rows(graph, pred) -> list[list[str]]:
+    rows = []
+    for s in graph.stages:
+        c = pred.stages[s.name]
+        grp = graph.group(s.group) if s.group else None
+        where = f"{grp.name} {grp.first}-{grp.first + grp.count - 1}" if grp else "-"
+        rows.append([s.name, where, s.layout.describe() if s.layout else "-",
+                     f"{c.seconds:.2f}" if c.fits else "-", f"{c.peak_memory_bytes / 1e9:.0f}" if c.fits else "NO"])
+    return rows
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from rpeg.algorithms import build_graph
+    from rpeg.hardware import load_cluster
+    from rpeg.interop import system
+    from rpeg.interop.common import graph_of, job_data, view_of
+    from rpeg.search.search import NoFeasiblePlan, search
+    from rpeg.spec import spec_data, spec_from_data
+
+    out = OutputFolder(args.out)
+    text = _read_text(args.file)
+    mod = system(args.system)
+    imported = mod.read(text, args.file, model=args.model, response_mean=args.response_mean, cluster=args.cluster)
+    view = imported.view.replace(cluster=imported.view.cluster or DEFAULT_CLUSTER)
+    cluster = load_cluster(view.cluster, view.gpus)
+    peer_graph = graph_of(view)
+    peer_pred, peer_tl = _predict(peer_graph, cluster, args.steps)
+
+    job = {k: v for k, v in job_data(view).items() if k != "passes"}
+    spec = spec_from_data(job, args.file)
+    bare = build_graph(spec.algorithm, spec.job, spec.models, **spec.config)
+    try:
+        result = search(bare, cluster, view.gpus, max_staleness=args.max_staleness)
+        best = result.best
+        rpeg_pred, rpeg_tl = _predict(best.graph, cluster, args.steps)
+    except NoFeasiblePlan as e:
+        best, result, rpeg_pred, rpeg_tl = None, None, None, None
+        no_plan = str(e)
+    rows = [_summary(f"{args.system} (as configured)", peer_pred, peer_tl, cluster, view.gpus, None)]
+    if best is not None:
+        rows.append(_summary("rpeg", rpeg_pred, rpeg_tl, cluster, view.gpus, None))
+        if peer_pred.fits:
+            rows[1]["speedup"] = peer_pred.step_s / rpeg_pred.step_s
+
+    with out:
+        files = {}
+        peer_file = out.file(f"{args.system}-job.yaml")
+        _write_yaml(peer_file, job_data(view), f"{args.system}'s plan of {args.file}, as RPEG reads it "
+                    f"({imported.mode} mode): `rpeg predict` or `rpeg plan` this file")
+        files["peer_job"] = peer_file
+        if best is not None:
+            plan_file = out.file("rpeg-plan.yaml")
+            plan_passes = _passes(best.graph, spec)
+            _write_yaml(plan_file, spec_data(spec, plan_passes, cluster=view.cluster, gpus=view.gpus),
+                        f"RPEG's plan for the job of {args.file} ({best.name}; predicted {best.step_s:.2f} s a step "
+                        f"on {view.gpus} x {cluster.device.name})")
+            files["rpeg_plan"] = plan_file
+            rview = view_of(best.graph, actor=view.actor, critic=view.critic, reward=view.reward,
+                            cluster=view.cluster, gpus=view.gpus)
+            exported = _export(mod, rview, cluster)
+            back = out.file(f"rpeg-plan-{args.system}{mod.SUFFIX}")
+            with open(back, "w", encoding="utf-8") as f:
+                f.write(exported["text"])
+            files["rpeg_plan_for_peer"] = back
+        written = out.commit()
+    files = dict(zip(files, written))
+
+    if args.json:
+        print_json({"system": args.system, "mode": imported.mode, "source": args.file, "job": job,
+                    "cluster": cluster.name, "gpus": view.gpus, "assumed": list(imported.assumed),
+                    "unmapped": list(imported.unmapped), "plans": rows,
+                    "rpeg_plan": best.name if best is not None else None,
+                    "export": ({k: exported[k] for k in ("left_out", "as_written_s", "full_plan_s")}
+                               if best is not None else None),
+                    "files": files})
+        return 0
+    j = view.job
+    mode = MODES.get(imported.mode, imported.mode)
+    print(f"read {args.system} job {args.file} ({mode}): {view.algorithm} on {view.actor}, "
+          f"{view.gpus} x {cluster.device.name} ({cluster.name})")
+    print(f"job: {j.describe()}")
+    if imported.assumed:
+        print("\nassumed (the config does not say):")
+        for line in imported.assumed:
+            print(f"  - {line}")
+    if imported.unmapped:
+        print(f"\nnot mapped ({len(imported.unmapped)} keys; none of them changes the plan RPEG predicts):")
+        for line in imported.unmapped:
+            print(f"  - {line}")
+    print()
+    body = []
+    for r in rows:
+        if not r["fits"]:
+            body.append([r["plan"], "does not fit", r["does_not_fit"], "", "", "", ""])
+            continue
+        body.append([r["plan"], f"{r['step_s']:.1f}", f"{r['tokens_per_s']:,.0f}", f"{100 * r['utilization']:.0f}%",
+                     f"{100 * r['mfu']:.1f}%", f"{r['peak_memory_gb']:.0f}",
+                     "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"])
+    print(table(["plan", "step s", "tokens/s", "util", "MFU", "GB/GPU", "speedup"], body, right=[1, 2, 3, 4, 5, 6]))
+    print(f"\nwhere the time goes ({args.system} as configured):")
+    print(table(["stage", "devices", "layout", "seconds", "GB/GPU"], _stage_rows(peer_graph, peer_pred),
+                right=[3, 4]))
+    if best is None:
+        print(f"\nRPEG's search: {no_plan}")
+    else:
+        print(f"\nRPEG's plan: {best.name}")
+        print(f"  searched {result.evaluated} candidates in {result.seconds:.1f} s")
+        if exported["left_out"]:
+            print(f"  as {args.system} config ({os.path.basename(files['rpeg_plan_for_peer'])}), without what "
+                  f"{args.system} cannot express: {exported['as_written_s']:.1f} s a step")
+            for line in exported["left_out"]:
+                print(f"    - {line}")
+    print("\nwrote " + ", ".join(written))
+    return 0
+
+
+def _passes(graph, spec) -> list:
+    from rpeg.interop.common import passes_of, view_of
+
+    view = view_of(graph, actor=spec.models.actor.name)
+    return passes_of(view)
+
+
+def _write_yaml(path: str, data: dict, comment: str) -> None:
+    from rpeg.graph.serde import dump_yaml
+
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"# {comment}\n" + dump_yaml(data))
+
+
+def _export(mod, view, cluster) -> dict:
+    """The peer config of `view` with the predicted cost of what it leaves out in its comment block."""
+    from rpeg.interop.common import graph_of
+    from rpeg.perf.step import predict_step
+
+    exported = mod.write(view)
+    full = predict_step(graph_of(view), cluster)
+    written = predict_step(graph_of(exported.view), cluster)
+    full_s = full.step_s if full.fits else None
+    written_s = written.step_s if written.fits else None
+
+    def show(s):
+        return "does not fit in memory" if s is None else f"{s:.2f} s a step"
+
+    lines = [f"predicted by RPEG on {cluster.gpus} x {cluster.device.name} ({cluster.name}): this config "
+             f"{show(written_s)}"]
+    if exported.left_out:
+        lines.append(f"  the full RPEG plan, with what is left out: {show(full_s)}")
+        if full_s and written_s:
+            lines.append(f"  leaving it out costs {written_s - full_s:+.2f} s a step "
+                         f"({100 * (written_s / full_s - 1):+.0f}%)")
+    # the predictions go right after the exporter's "written by rpeg export" line (or at the top)
+    text_lines = exported.text.split("\n")
+    at = next((i + 1 for i, t in enumerate(text_lines) if "written by rpeg export" in t),
+              1 if text_lines[0].startswith("#!") else 0)
+    text = "\n".join(text_lines[:at] + [f"# {line}" for line in lines] + text_lines[at:])
+    return {"text": text, "left_out": list(exported.left_out), "as_written_s": written_s, "full_plan_s": full_s,
+            "view": exported.view}
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from rpeg.graph.serde import read_yaml_file
+    from rpeg.hardware import load_cluster
+    from rpeg.interop import system
+    from rpeg.interop.common import load_view
+
+    data = read_yaml_file(args.plan)
+    if not isinstance(data, dict):
+        raise RpegError(f"{args.plan}: expected a job file (a mapping with algorithm, model, job, passes)")
+    view = load_view(data, args.plan)
+    name = args.cluster or view.cluster or DEFAULT_CLUSTER
+    cluster = load_cluster(name, view.gpus)
+    view = view.replace(cluster=name)
+    mod = system(args.system)
+    exported = _export(mod, view, cluster)
+    if args.out is None:
+        print(exported["text"], end="")
+        return 0
+    folder = os.path.dirname(os.path.abspath(args.out))
+    if os.path.isdir(args.out):
+        raise RpegError(f"--out {args.out}: is a folder; name the file to write")
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise RpegError(f"--out {args.out}: cannot write in {folder}")
+    tmp = args.out + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(exported["text"])
+    os.replace(tmp, args.out)
+    print(f"wrote {args.out} ({args.system}); " + (f"predicted {exported['as_written_s']:.2f} s a step"
+                                                  if exported["as_written_s"] else "does not fit in memory"))
+    for line in exported["left_out"]:
+        print(f"  left out: {line}")
+    return 0
