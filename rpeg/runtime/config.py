@@ -13,6 +13,7 @@ In a job file it is the `runtime:` section:
       eval_every: 10
       checkpoint_every: 10
       out: runs/demo
+      loggers: [tensorboard, wandb, mlflow]   # any subset: experiment trackers (rpeg/runtime/trackers.py)
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class RuntimeConfig:
     address: str = ""  # a Ray cluster to join ("" : RAY_ADDRESS, else a private local cluster)
     reward_model_path: str = ""  # a local sequence-classification folder, or `tiny`: for plans with a reward model
     deterministic: bool = True
+    loggers: tuple[str, ...] = ()  # experiment trackers beside metrics.jsonl: tensorboard, wandb, mlflow
     partial_segment: int = 0  # partial rollout: tokens between two chances to take new weights (0: max_new_tokens / 4)
 
     def __post_init__(self) -> None:
@@ -68,6 +70,11 @@ class RuntimeConfig:
                      if getattr(self, f) < 0]
         if self.lr <= 0 or self.sft_lr <= 0:
             problems.append("lr and sft_lr must be positive")
+        from rpeg.runtime.trackers import TRACKERS
+
+        bad = [n for n in self.loggers if n not in TRACKERS]
+        if bad or len(set(self.loggers)) != len(self.loggers):
+            problems.append(f"loggers = {list(self.loggers)}: expected distinct names of {', '.join(TRACKERS)}")
         if not 0.0 <= self.warmup_target < 1.0:
             problems.append(f"warmup_target = {self.warmup_target} must be in [0, 1)")
         if self.warmup_target and not self.warmup_sft_steps:

@@ -35,6 +35,7 @@ from rpeg.runtime.roles import Roles, step_stages
 from rpeg.runtime.rollout import SamplingParams
 from rpeg.runtime.sft import prepare_model
 from rpeg.runtime.step import Launched, Rollout, Steps
+from rpeg.runtime.trackers import Trackers
 from rpeg.sim.timeline import Record, Timeline
 
 
@@ -109,20 +110,47 @@ def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool
     write_jsonl(os.path.join(rt.out, "metrics.jsonl"), state["metrics"] if state else [])
     t0 = time.time()
     model_path, tok, warmup = prepare_model(rt, task, rt.out, resume, progress)
-    session = _Ray(rt.address, devices=max((g.first + g.count for g in graph.groups), default=1))
-    runner = None
+    trackers = Trackers(rt.loggers, rt.out, os.path.basename(os.path.normpath(rt.out)),
+                        run_config(graph, rt, cluster) if rt.loggers else {}, resume)
     try:
-        runner = _Runner(graph, rt, task, tok, model_path, session.ray)
-        return runner.loop(state, progress, {"warmup": warmup, "started": t0, "cluster": cluster})
+        session = _Ray(rt.address, devices=max((g.first + g.count for g in graph.groups), default=1))
+    except BaseException:
+        trackers.close("FAILED")
+        raise
+    runner, status = None, "FAILED"
+    try:
+        runner = _Runner(graph, rt, task, tok, model_path, session.ray, trackers)
+        result = runner.loop(state, progress, {"warmup": warmup, "started": t0, "cluster": cluster})
+        status = "FINISHED"
+        return result
     finally:
+        trackers.close(status)
         if runner is not None:
             runner.roles.close()
         session.close()
 
 
+def run_config(graph: Graph, rt: RuntimeConfig, cluster) -> dict:
+    """What the trackers log as the run's config: the job, its plan (as passes), the prediction."""
+    from rpeg.graph.serde import to_data
+    from rpeg.interop.common import config_overrides, passes_of, view_of
+
+    out = {"algorithm": graph.algorithm, "job": to_data(graph.job), "config": dict(config_overrides(graph)),
+           "plan": passes_of(view_of(graph, actor=graph.model("actor").spec.name)),
+           "runtime": to_data(rt)}
+    if cluster is not None:
+        from rpeg.perf.step import predict_step
+
+        pred = predict_step(graph, cluster)
+        out["prediction"] = {"cluster": cluster.name, "gpus": cluster.gpus,
+                             "step_s": pred.step_s if pred.fits else None, "bottleneck": pred.bottleneck}
+    return out
+
+
 class _Runner:
-    def __init__(self, graph: Graph, rt: RuntimeConfig, task, tok, model_path: str, ray):
+    def __init__(self, graph: Graph, rt: RuntimeConfig, task, tok, model_path: str, ray, trackers: Trackers):
         self.g, self.rt, self.task, self.tok = graph, rt, task, tok
+        self.trackers = trackers
         self.job = graph.job
         self.names = step_stages(graph)
         self.k = graph.async_bound
@@ -170,6 +198,8 @@ class _Runner:
                 done = Rollout.from_dict(res)
                 pending[int(s)] = Launched(self.steps.problems(int(s)), done.prompts, done=done)
         acc_before = state["accuracy_before"] if state else self.evaluate()
+        if state is None:
+            self.trackers.accuracy(0, acc_before)
         bar = ProgressBar(rt.steps, start, progress)
         try:
             for step in range(start, rt.steps):
@@ -185,12 +215,15 @@ class _Runner:
                     m["test_accuracy"], m["test_accuracy_greedy"] = acc["sampled"], acc["greedy"]
                 metrics.append(m)
                 append_jsonl(os.path.join(rt.out, "metrics.jsonl"), m)
+                self.trackers.log(m)
                 if rt.checkpoint_every and ((step + 1) % rt.checkpoint_every == 0 or step + 1 == rt.steps):
                     self._checkpoint(step + 1, metrics, pending, acc_before)
                 bar.update(m)
         finally:
             bar.close()
         acc_after = self.evaluate()
+        if not metrics or "test_accuracy" not in metrics[-1]:  # else logged with the last step (the same policy)
+            self.trackers.accuracy(rt.steps, acc_after)
         timeline = self._timeline(metrics)
         summary = {"seed": rt.seed, "threads": rt.threads or os.cpu_count(), "eval_size": rt.eval_size,
                    "task": rt.task, "torch": torch.__version__, "warmup": about["warmup"],
