@@ -8,18 +8,24 @@ STAMP  := $(VENV)/.installed
 # own stack, and the main suite must not depend on it.
 VLLM_VENV  ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+# The peers' own config code (verl, OpenRLHF, AReaL), which checks what `rpeg export` writes, in an
+# environment of its own: verl's Hydra pins antlr4 4.9, math-verify (the main suite's) 4.13.
+PEERS_VENV  ?= .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
 
-.PHONY: demo demo-check demo-figures test test-vllm venv venv-vllm clean
+.PHONY: demo demo-check demo-figures test test-vllm test-peers venv venv-vllm venv-peers clean
 
 venv: $(STAMP)
 
 venv-vllm: $(VLLM_STAMP)
 
+venv-peers: $(PEERS_STAMP)
+
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[train,dev]"
+	$(PY) -m pip install --quiet -e ".[train,trackers,dev]"
 	# llm-analysis (an independent cross-check in the tests) pins huggingface-hub<0.15, which would
 	# drag transformers back to 4.31; it imports neither unless asked to fetch a config, so no deps.
 	$(PY) -m pip install --quiet --no-deps "llm-analysis==0.2.2"
@@ -35,6 +41,19 @@ $(VLLM_STAMP): pyproject.toml Makefile
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -m pip install --quiet -e ".[train,dev]"
 	touch $(VLLM_STAMP)
+
+# verl, OpenRLHF and AReaL without their GPU stacks (--no-deps), plus what their config modules
+# import; torch (CPU, from this disk) and ray because verl's package imports both.
+$(PEERS_STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install --quiet "torch==2.13.0"
+	$(PEERS_VENV)/bin/python -m pip install --quiet -e ".[dev]" "transformers>=4.50" "hydra-core==1.3.*" \
+	  "omegaconf>=2.3" "ray>=2.60,<3" cloudpickle codetiming orjson datasets pandas importlib-metadata "pyvers<0.2"
+	$(PEERS_VENV)/bin/python -m pip install --quiet --no-deps "verl==0.9.1" "tensordict==0.10.0"
+	# verl's wheel also installs its own test suite as a top-level `tests` package; it is not verl's code
+	rm -rf $(PEERS_VENV)/lib/python*/site-packages/tests
+	touch $(PEERS_STAMP)
 
 # The demo job runs on cpu-local: this machine as `rpeg calibrate` measured it (once; about 2 s).
 demo: $(STAMP)
@@ -69,5 +88,9 @@ test: $(STAMP)
 test-vllm: $(VLLM_STAMP)
 	RPEG_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/with_vllm
 
+# The interop tests with the peers' own code present (a missing peer fails instead of skipping).
+test-peers: $(PEERS_STAMP)
+	RPEG_REQUIRE_PEERS=1 $(PEERS_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/interop
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) rpeg-out .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(PEERS_VENV) rpeg-out .pytest_cache .hypothesis
