@@ -242,7 +242,7 @@ def graph_of(view: PlanView) -> Graph:
 # pattern that matches the lower-cased name. Instruct / Math / Base / Coder variants share their base
 # model's architecture.
 _PRESET_PATTERNS = (
-    (r"llama-?3\.[123]-8b", "llama-3.1-8B"), (r"llama-?3(\.[0-9])?-70b", "llama-3.1-70B"),
+    (r"llama-?3(\.[123])?-8b", "llama-3.1-8B"), (r"llama-?3(\.[0-9])?-70b", "llama-3.1-70B"),
     (r"llama-?3\.1-405b", "llama-3.1-405B"), (r"llama-?2-7b", "llama-2-7B"), (r"llama-?2-13b", "llama-2-13B"),
     (r"llama-?2-70b", "llama-2-70B"),
     # Qwen2's 0.5B, 1.5B, 7B and 72B have Qwen2.5's shapes (layers, widths, heads, vocabulary)

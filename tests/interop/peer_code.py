@@ -59,7 +59,7 @@ def verl_check(words: list[str], mode: str):
     folder, --config-name, the overrides) and run the checks that entry runs before it starts Ray:
     `validate_config` (main_ppo, one_step_off_policy.main_ppo), or for fully_async_main the
     dataclass conversions and the rollouter's own assertion. Returns the composed config."""
-    need("verl")
+    need("verl.utils.config")
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -95,3 +95,44 @@ def verl_check(words: list[str], mode: str):
             validate_config(cfg, need_reference_policy(cfg), need_critic(cfg))
         omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
     return cfg
+
+
+def openrlhf_check(words: list[str]):
+    """Run OpenRLHF's own `train_ppo_ray` argument handling on `words`: the `if __name__ ==
+    "__main__":` block of openrlhf/cli/train_ppo_ray.py (its parser, `hierarchize` and every check
+    after it), with `train` replaced by a function that returns the parsed args instead of starting
+    Ray. The module's top-level imports (ray, deepspeed workers) are not run. Returns the args."""
+    need("openrlhf.utils.config")
+    import argparse
+    import ast
+    import datetime
+    import importlib.util
+    import sys
+
+    spec = importlib.util.find_spec("openrlhf.cli.train_ppo_ray")
+    tree = ast.parse(Path(spec.origin).read_text())
+    main = next(n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test))
+    code = compile(ast.Module(body=main.body, type_ignores=[]), spec.origin, "exec")
+
+    class Parsed(Exception):
+        pass
+
+    got = {}
+
+    def train(args):
+        got["args"] = args
+        raise Parsed
+
+    argv = sys.argv
+    sys.argv = ["train_ppo_ray", *[w for w in words if w]]
+    try:
+        exec(code, {"__name__": "__rpeg_check__", "argparse": argparse, "os": os, "datetime": datetime.datetime,
+                    "train": train})
+    except Parsed:
+        pass
+    except SystemExit as e:  # argparse's own rejection
+        raise AssertionError(f"OpenRLHF's parser rejected the arguments (exit {e.code})") from None
+    finally:
+        sys.argv = argv
+    assert "args" in got, "train_ppo_ray's main block never reached train()"
+    return got["args"]

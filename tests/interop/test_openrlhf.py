@@ -1,0 +1,148 @@
+"""OpenRLHF: real launch scripts read into RPEG; exports parsed and checked by train_ppo_ray's own
+argument handling; round trips."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from peer_code import openrlhf_check
+
+from rpeg.cli.plan import _bare
+from rpeg.errors import RpegError
+from rpeg.interop import openrlhf as ro
+from rpeg.interop.common import graph_of, script_command, view_of
+from rpeg.search.search import search
+from rpeg.spec import spec_from_data
+
+DATA = Path(__file__).parent.parent / "data" / "peers" / "openrlhf"
+EXAMPLES = sorted(p.name for p in DATA.glob("*.sh"))
+
+
+def read(name: str, **kw):
+    return ro.read((DATA / name).read_text(), name, **kw)
+
+
+def test_the_examples_are_those_noted_in_sources():
+    listed = re.findall(r"`([\w.-]+\.sh)`", (DATA / "SOURCES.md").read_text())
+    assert sorted(listed) == EXAMPLES and len(EXAMPLES) == 4
+
+
+def test_ppo_colocated_with_a_reward_model():
+    im = read("train_ppo_ray_hybrid_engine.sh")
+    v = im.view
+    assert (im.mode, v.algorithm, v.actor, v.critic, v.reward, v.gpus) == \
+        ("sync", "ppo", "llama-3.1-8B", "llama-3.1-8B", "llama-3.1-8B", 8)
+    assert v.groups == (("all", 0, 8),)
+    # 1024 prompts x 1 sample in global training batches of 128: 8 mini-batches
+    assert (v.job.prompts, v.job.samples_per_prompt, v.job.mini_batches) == (1024, 1, 8)
+    lay = dict(v.layouts)
+    assert (lay["generate"].dp, lay["generate"].tp) == (4, 2)
+    a = lay["actor_update"]
+    assert (a.zero, a.recompute, a.packing, a.micro_batch) == (3, "full", True, 8)  # 16384 tokens / 2048
+    assert dict(v.config)["kl_coef"] == 0.01 and dict(v.config)["dual_clip"] == 0.0
+    assert any("--rollout.max_new_tokens is not set" in x for x in im.assumed)
+    graph_of(v)
+
+
+def test_async_agent_script_keeps_the_engines_apart():
+    im = read("train_reinforce_baseline_ray_agent_async.sh")
+    v = im.view
+    assert (im.mode, v.async_bound, v.algorithm, v.reward) == ("async", 1, "reinforce_pp_baseline", None)
+    assert v.groups == (("vllm", 0, 4), ("actor", 4, 4))  # colocate_all in async mode: DeepSpeed models only
+    assert dict(v.layouts)["actor_update"].cp == 2  # ring attention
+    assert (v.job.prompt_len, v.job.response.max) == (74240 - 64000, 64000)
+    assert any("k2 read as k1" in x for x in im.assumed)
+    assert any(u.startswith("algo.dynamic_filtering_enable = True") for u in im.unmapped)
+    graph_of(v)
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_round_trip_of_each_example(name):
+    im = read(name)
+    proj, lines = ro.project(im.view)
+    assert proj == im.view and not lines  # OpenRLHF's own plans need nothing left out
+    out = ro.write(im.view)
+    back = ro.read(out.text, "export", response_mean=im.view.job.response.mean)
+    assert back.view == proj
+    assert ro.write(back.view).text == out.text
+    assert not back.unmapped
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_every_export_of_an_example_passes_openrlhfs_checks(name):
+    im = read(name)
+    words, _ = script_command(ro.write(im.view).text, ro._ENTRY, "export")
+    args = openrlhf_check(words)
+    assert args.rollout.batch_size == im.view.job.prompts
+    assert args.vllm.num_engines == dict(im.view.layouts)["generate"].dp
+
+
+JOB = {"prompts": 64, "samples_per_prompt": 8, "prompt_len": 512,
+       "response": {"kind": "lognormal", "mean": 1500, "max": 4096}, "mini_batches": 4}
+
+
+def _plan(data, max_staleness=1):
+    spec = spec_from_data(data, "test")
+    base, cluster, gpus = spec.cluster_and_gpus()
+    best = search(_bare(spec), cluster, gpus, max_staleness=max_staleness).best
+    return view_of(best.graph, actor=spec.models.actor.name,
+                   critic=spec.models.critic.name if spec.models.critic else None,
+                   reward=spec.models.reward.name if spec.models.reward else None, cluster=spec.cluster, gpus=gpus)
+
+
+@pytest.fixture(scope="module")
+def plans():
+    return {
+        "grpo": _plan({"algorithm": "grpo", "model": "qwen2.5-7B", "cluster": "dgx-h100", "gpus": 16, "job": JOB}),
+        "ppo": _plan({"algorithm": "ppo", "model": "qwen2.5-7B", "critic": "qwen2.5-7B", "reward": "qwen2.5-7B",
+                      "cluster": "dgx-h100", "gpus": 32, "job": JOB}),
+    }
+
+
+@pytest.mark.parametrize("which", ["grpo", "ppo"])
+def test_rpeg_plans_export_to_what_openrlhf_runs(which, plans):
+    v = plans[which]
+    out = ro.write(v)
+    words, _ = script_command(out.text, ro._ENTRY, "export")
+    openrlhf_check(words)
+    back = ro.read(out.text, "export", response_mean=v.job.response.mean, cluster=v.cluster)
+    assert back.view == out.view == ro.project(v)[0]
+    graph_of(out.view)
+    if out.left_out:
+        assert "# OpenRLHF cannot express" in out.text
+
+
+def test_what_openrlhf_cannot_express_is_named(plans):
+    v = plans["ppo"]
+    shared = v.replace(share=True, critic=None)  # as if the search had shared the critic
+    names = [s for s, _ in v.assign if s not in ("critic_values", "critic_update")]
+    shared = shared.replace(assign=tuple((s, g) for s, g in v.assign if s in names),
+                            layouts=tuple((s, lo) for s, lo in v.layouts if s in names))
+    proj, lines = ro.project(shared)
+    assert any(line.startswith("critic shared with the actor") for line in lines)
+    assert not proj.share and proj.critic == "qwen2.5-7B"
+    graph_of(proj)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("echo hi\n", "not an OpenRLHF launch"),
+    ("python3 -m openrlhf.cli.train_ppo_ray --algo.advantage.estimator flash_reinforce "
+     "--actor.model_name_or_path Qwen/Qwen3-8B --vllm.num_engines 1\n", "RPEG has no such estimator"),
+    ("python3 -m openrlhf.cli.train_ppo_ray --algo.advantage.estimator group_norm --reward.remote_url x "
+     "--actor.model_name_or_path Qwen/Qwen3-8B\n", "--vllm.num_engines is not set"),
+    ("python3 -m openrlhf.cli.train_ppo_ray --algo.advantage.estimator group_norm --reward.remote_url x "
+     "--actor.model_name_or_path /data/mine --vllm.num_engines 2\n", "no RPEG model preset matches it"),
+    ("python3 -m openrlhf.cli.train_ppo_ray --algo.advantage.estimator group_norm --reward.remote_url x "
+     "--actor.model_name_or_path Qwen/Qwen3-8B --vllm.num_engines 2 --rollout.batch_size 10 "
+     "--rollout.n_samples_per_prompt 3 --train.batch_size 16\n", "is not a multiple of --train.batch_size 16"),
+    ("python3 -m openrlhf.cli.train_ppo_ray --algo.advantage.estimator group_norm --reward.remote_url x "
+     "--actor.model_name_or_path Qwen/Qwen3-8B --vllm.num_engines 2 --actor.num_gpus_per_node 6 "
+     "--ds.ring_attn_size 4\n", "does not divide the actor's 6 GPUs"),
+    ("python3 -m openrlhf.cli.train_ppo_ray stray\n", "is not a train_ppo_ray flag"),
+])
+def test_bad_launches_give_one_line_errors(text, message):
+    with pytest.raises(RpegError) as e:
+        ro.read(text, "job.sh")
+    assert message in str(e.value) and "\n" not in str(e.value)
