@@ -49,9 +49,10 @@ $(PEERS_STAMP): pyproject.toml Makefile
 	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(PEERS_VENV)/bin/python -m pip install --quiet "torch==2.13.0"
 	$(PEERS_VENV)/bin/python -m pip install --quiet -e ".[dev]" "transformers>=4.50" "hydra-core==1.3.*" \
-	  "omegaconf>=2.3" "ray>=2.60,<3" cloudpickle codetiming orjson datasets pandas importlib-metadata "pyvers<0.2"
+	  "omegaconf>=2.3" "ray>=2.60,<3" cloudpickle codetiming orjson datasets pandas importlib-metadata "pyvers<0.2" \
+	  aiohttp httpx colorlog tenacity flask torchdata lark uvloop numba einops aiofiles openai
 	$(PEERS_VENV)/bin/python -m pip install --quiet --no-deps "verl==0.9.1" "tensordict==0.10.0" \
-	  "openrlhf==0.11.2" pylatexenc
+	  "openrlhf==0.11.2" pylatexenc "areal==1.0.4"
 	# verl's wheel also installs its own test suite as a top-level `tests` package; it is not verl's code
 	rm -rf $(PEERS_VENV)/lib/python*/site-packages/tests
 	touch $(PEERS_STAMP)

@@ -136,3 +136,31 @@ def openrlhf_check(words: list[str]):
         sys.argv = argv
     assert "args" in got, "train_ppo_ray's main block never reached train()"
     return got["args"]
+
+
+def areal_check(text: str, tmp: Path):
+    """Load an experiment YAML as AReaL's entry points do (areal/api/cli_args.py: the YAML merged over
+    the structured GRPOConfig / PPOConfig, then OmegaConf.to_object, which runs the dataclasses'
+    checks) and parse its backend strings with AReaL's own ModelAllocation; the backends must fit the
+    cluster section. Returns the config object. (load_expr_config's name-resolve setup and config dump
+    are the launcher's side effects and are left out.)"""
+    need("areal.api.cli_args")
+    from omegaconf import OmegaConf
+
+    from areal.api.alloc_mode import ModelAllocation
+    from areal.api.cli_args import GRPOConfig, PPOConfig, to_structured_cfg
+
+    path = tmp / "experiment.yaml"
+    path.write_text(text)
+    raw = OmegaConf.load(path)
+    cls = PPOConfig if raw.get("critic") is not None else GRPOConfig
+    cfg = OmegaConf.to_object(to_structured_cfg(raw, config_cls=cls))
+    assert isinstance(cfg, cls)
+    used = 0
+    for engine in (cfg.rollout, cfg.actor):
+        used += ModelAllocation.from_str(engine.backend).parallel.world_size
+    for engine in (cfg.ref, cfg.critic):
+        if engine is not None and engine.scheduling_strategy.type != "colocation":
+            used += ModelAllocation.from_str(engine.backend).parallel.world_size
+    assert used <= cfg.cluster.n_nodes * cfg.cluster.n_gpus_per_node, (used, cfg.cluster)
+    return cfg

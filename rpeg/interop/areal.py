@@ -1,0 +1,458 @@
+"""AReaL: its experiment YAML, read into RPEG and written from RPEG's plans.
+
+What is read (AReaL 1.0.4, areal/api/cli_args.py GRPOConfig / PPOConfig, areal/api/alloc_mode.py):
+an experiment YAML as its entry points load it (`--config FILE`). Placement comes from the
+per-engine backend strings, `rollout.backend: sglang:d4p1t1` and `actor.backend: fsdp:d4p1t1`
+(`megatron:d2p2t2`, with c and e for context and expert parallelism), and the engines' scheduling
+strategies (`ref.scheduling_strategy: {type: colocation, target: actor}`); the deprecated
+`allocation_mode: sglang:d4+fsdp:d4` string is read too.
+
+The mapping:
+- The plan: the rollout engines on the first devices (dp x pp x tp of `rollout.backend`), the
+  actor's training engine on the next (AReaL separates them unless told to colocate); the
+  reference and the critic colocated with the actor when their scheduling strategy says so, else
+  on devices of their own. FSDP is ZeRO-3 (tp and cp as given), Megatron ZeRO-1 with tp, pp, cp,
+  ep. `actor.gradient_checkpointing` is full recomputation; `mb_spec.max_tokens_per_mb` is the
+  packed micro-batch's token budget (over the longest sequence). `rollout.max_head_offpolicyness`
+  is the async bound k, and AReaL's rollout is interruptible: k >= 1 is a partial rollout
+  (rpeg/search/baselines/areal.py models the same).
+- The job: `train_dataset.batch_size` prompts of `gconfig.n_samples` samples,
+  `actor.ppo_n_minibatches` mini-batches, prompts up to `train_dataset.max_length` tokens,
+  responses up to `gconfig.max_new_tokens`.
+- The algorithm: PPO with a critic section, else GRPO; `actor.kl_ctl` (in the reward, with
+  `actor.kl_estimator`), `actor.eps_clip` / `eps_clip_higher`, `actor.c_clip` (dual clip),
+  `actor.discount` / `gae_lambda`, `actor.importance_sampling_level: sequence` (GSPO),
+  `actor.use_decoupled_loss` (the decoupled objective; `rejection_sampling.upper` its cap).
+
+What AReaL cannot express (`project`): critic sharing, fusion, streaming, generation colocated
+with training, layouts its backend strings cannot state (FSDP with pipeline or expert
+parallelism), corrections other than the decoupled objective.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+from rpeg.errors import RpegError
+from rpeg.graph import Job, ParallelLayout
+from rpeg.graph.serde import from_data, parse_yaml
+from rpeg.interop.common import (
+    Exported, Imported, Notes, PlanView, config_tuple, model_preset, response_of, stage_names,
+)
+
+SYSTEM = "areal"
+SUFFIX = ".yaml"
+_SPEC = re.compile(r"^(sglang|vllm|fsdp|megatron|archon):((?:[dptce]\d+)+)$")
+_READ = {  # keys read, by dotted name
+    "rollout.backend", "actor.backend", "ref.backend", "critic.backend", "allocation_mode",
+    "rollout.max_head_offpolicyness", "train_dataset.batch_size", "train_dataset.max_length", "gconfig.n_samples",
+    "gconfig.max_new_tokens", "actor.ppo_n_minibatches", "actor.path", "critic.path", "ref.path",
+    "actor.kl_ctl", "actor.kl_estimator", "actor.eps_clip", "actor.eps_clip_higher", "actor.c_clip",
+    "actor.discount", "actor.gae_lambda", "actor.importance_sampling_level", "actor.use_decoupled_loss",
+    "actor.rejection_sampling.upper", "actor.rejection_sampling.metric", "actor.gradient_checkpointing",
+    "actor.mb_spec.max_tokens_per_mb", "ref.mb_spec.max_tokens_per_mb", "critic.mb_spec.max_tokens_per_mb",
+    "ref.scheduling_strategy.type", "ref.scheduling_strategy.target", "critic.scheduling_strategy.type",
+    "critic.scheduling_strategy.target", "cluster.n_nodes", "cluster.n_gpus_per_node", "actor.recompute_logprob",
+    "critic.gradient_checkpointing", "ref.gradient_checkpointing", "critic.eps_clip",
+}
+_NOT_PLAN = (
+    ("experiment_name", "naming"), ("trial_name", "naming"), ("seed", "the seed is not part of the plan"),
+    ("cluster.fileroot", "paths are not part of the plan"), ("cluster.name_resolve", "service discovery"),
+    ("saver", "checkpointing is not part of the plan"), ("recover", "recovery is not part of the plan"),
+    ("evaluator", "evaluation is not part of a training step"), ("stats_logger", "logging"),
+    ("perf_tracer", "tracing"), ("valid_dataset", "evaluation data"), ("train_dataset", "data loading"),
+    ("gconfig", "sampling settings (the response lengths stand for them)"), ("sglang", "engine settings"),
+    ("vllm", "engine settings"), ("scheduler", "the launcher"), ("actor.optimizer", "optimizer settings"),
+    ("actor.reward_", "reward shaping"), ("actor.adv_norm", "advantage normalization does not change the cost"),
+    ("rollout.", "the rollout client's settings"), ("tokenizer_path", "paths"),
+    ("total_train_epochs", "the run's length"), ("enable_offload", "offload is not modelled"),
+)
+
+
+def parse_backend(spec: Any, key: str) -> tuple[str, dict[str, int]]:
+    """`sglang:d4p1t2` -> ("sglang", {"d": 4, "p": 1, "t": 2, "c": 1, "e": 1}), or a one-line error."""
+    m = _SPEC.match(str(spec).strip()) if isinstance(spec, str) else None
+    if not m:
+        raise RpegError(f"{key} = {spec!r}: RPEG reads backend strings like sglang:d4t2 or megatron:d2p2t2 "
+                        "(hybrid attn|ffn strategies are not read)")
+    sizes = {k: 1 for k in "dptce"}
+    for letter, num in re.findall(r"([dptce])(\d+)", m.group(2)):
+        sizes[letter] = int(num)
+    if min(sizes.values()) < 1:
+        raise RpegError(f"{key} = {spec!r}: every size must be >= 1")
+    return m.group(1), sizes
+
+
+def _flatten(data: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def read(text: str, source: str, *, model: str | None = None, response_mean: float | None = None,
+         cluster: str | None = None) -> Imported:
+    data = parse_yaml(text, source)
+    if not isinstance(data, dict) or "actor" not in data or not ({"rollout", "allocation_mode", "gconfig"} & set(data)):
+        raise RpegError(f"{source}: not an AReaL experiment config (it has no actor with rollout / allocation_mode)")
+    flat = _flatten(data)
+    notes = Notes()
+
+    def get(key: str, default: Any = None) -> Any:
+        v = flat.get(key, default)
+        if isinstance(v, str) and v.startswith("${"):  # an interpolation: resolved by the key it names
+            ref = v[2:-1]
+            return get(ref, default) if ref in flat else default
+        return v
+
+    def whole(key: str, default: Any = None, minimum: int = 1) -> int:
+        v = get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise RpegError(f"{source}: {key} = {v!r}: expected a whole number >= {minimum}")
+        return v
+
+    # placement
+    if get("rollout.backend") is not None or get("actor.backend") is not None:
+        gen_backend, gen = parse_backend(get("rollout.backend"), "rollout.backend")
+        train_backend, tr = parse_backend(get("actor.backend"), "actor.backend")
+    elif get("allocation_mode"):
+        parts = str(get("allocation_mode")).split("+")
+        if len(parts) != 2:
+            raise RpegError(f"{source}: allocation_mode = {get('allocation_mode')!r}: RPEG reads generation+training "
+                            "(e.g. sglang:d4+fsdp:d4)")
+        gen_backend, gen = parse_backend(parts[0], "allocation_mode")
+        train_backend, tr = parse_backend(parts[1], "allocation_mode")
+    else:
+        raise RpegError(f"{source}: no rollout.backend / actor.backend (or allocation_mode): where AReaL runs is "
+                        "unknown")
+    if gen_backend not in ("sglang", "vllm") or train_backend not in ("fsdp", "megatron"):
+        raise RpegError(f"{source}: backends {gen_backend} + {train_backend}: RPEG reads sglang/vllm rollout and "
+                        "fsdp/megatron training")
+    gen_n = gen["d"] * gen["p"] * gen["t"]
+    train_n = tr["d"] * tr["p"] * tr["t"] * tr["c"]
+    if train_backend == "fsdp" and (tr["p"] > 1 or tr["e"] > 1):
+        raise RpegError(f"{source}: actor.backend fsdp with pipeline or expert parallelism (AReaL's own check)")
+    groups = [("rollout", 0, gen_n), ("actor", gen_n, train_n)]
+    nxt = gen_n + train_n
+
+    # algorithm and options
+    has_critic = isinstance(data.get("critic"), dict)
+    algorithm = "ppo" if has_critic else "grpo"
+    kl = float(get("actor.kl_ctl", 0.1))
+    uses_ref = kl > 0 and isinstance(data.get("ref"), dict)
+    if kl > 0 and not uses_ref:
+        raise RpegError(f"{source}: actor.kl_ctl = {kl:g} without a ref section: AReaL needs the reference to run")
+    options: dict[str, Any] = {"kl_coef": kl if uses_ref else 0.0}
+    if uses_ref:
+        est = get("actor.kl_estimator", "k1")
+        if est not in ("k1", "k3"):
+            notes.assume(f"actor.kl_estimator {est} read as k1 (the plan's cost is the same)")
+            est = "k1"
+        options.update(kl_in="reward", kl_estimator=est)
+    eps = float(get("actor.eps_clip", 0.2))
+    high = get("actor.eps_clip_higher")
+    options["clip_low"], options["clip_high"] = eps, float(high) if high is not None else eps
+    c = get("actor.c_clip")
+    options["dual_clip"] = float(c) if c is not None else 0.0
+    options["gamma"] = float(get("actor.discount", 1.0))
+    options["lam"] = float(get("actor.gae_lambda", 1.0))
+    if has_critic:
+        options["value_clip"] = float(get("critic.eps_clip", 0.5))  # the critic's clip is its value clip
+    if get("actor.importance_sampling_level", "token") == "sequence":
+        options["policy_loss"] = "gspo"
+    if get("actor.use_decoupled_loss", False):
+        options["off_policy"] = "decoupled"
+        if get("actor.rejection_sampling.upper") is not None:
+            options["is_cap"] = float(get("actor.rejection_sampling.upper"))
+
+    # the job
+    prompts = whole("train_dataset.batch_size")
+    samples = whole("gconfig.n_samples", 1)
+    mini = whole("actor.ppo_n_minibatches", 4)
+    max_new = whole("gconfig.max_new_tokens", 16384)
+    prompt_len = get("train_dataset.max_length")
+    if prompt_len is None:
+        prompt_len = 1024
+        notes.assume("prompts: train_dataset.max_length is not set; assumed prompts of up to 1024 tokens")
+    job = from_data(Job, {"prompts": prompts, "samples_per_prompt": samples, "prompt_len": int(prompt_len),
+                          "response": response_of(max_new, response_mean, notes), "mini_batches": mini}, source)
+    seq = int(prompt_len) + max_new
+
+    actor = model_preset(get("actor.path"), "actor.path", model)
+    critic = None
+    if has_critic:
+        path = get("critic.path", get("actor.path"))
+        critic = actor if path == get("actor.path") else model_preset(path, "critic.path")
+
+    # layouts
+    def shape(sizes: dict[str, int], backend: str) -> ParallelLayout:
+        if backend == "megatron":
+            return ParallelLayout(dp=sizes["d"], tp=sizes["t"], pp=sizes["p"], cp=sizes["c"], ep=sizes["e"], zero=1,
+                                  sequence_parallel=sizes["t"] > 1)
+        return ParallelLayout(dp=sizes["d"], tp=sizes["t"], cp=sizes["c"], zero=3)
+
+    def micro(role: str) -> int:
+        tokens = get(f"{role}.mb_spec.max_tokens_per_mb")
+        return max(1, int(tokens) // seq) if tokens else 1
+
+    a = shape(tr, train_backend)
+    fz = 0 if train_backend == "megatron" else 3
+    rec = "full" if get("actor.gradient_checkpointing", False) else "none"
+    layouts = {"generate": ParallelLayout(dp=gen["d"], tp=gen["t"], pp=gen["p"]),
+               "actor_logprobs": a.replace(zero=fz, micro_batch=micro("actor")),
+               "actor_update": a.replace(recompute=rec, micro_batch=micro("actor"))}
+    assign = {"generate": "rollout"}
+    for role, stage_list in (("ref", ["ref_logprobs"]), ("critic", ["critic_values", "critic_update"])):
+        if role == "ref" and not uses_ref or role == "critic" and not has_critic:
+            continue
+        backend, sizes = parse_backend(get(f"{role}.backend", get("actor.backend")), f"{role}.backend") \
+            if get(f"{role}.backend") is not None else (train_backend, tr)
+        colocated = get(f"{role}.scheduling_strategy.type") == "colocation"
+        if colocated:
+            target = get(f"{role}.scheduling_strategy.target", "actor")
+            if target != "actor":
+                raise RpegError(f"{source}: {role}.scheduling_strategy.target = {target!r}: RPEG reads colocation "
+                                "with the actor")
+            group = "actor"
+            n = train_n
+        else:
+            n = sizes["d"] * sizes["p"] * sizes["t"] * sizes["c"]
+            groups.append((role, nxt, n))
+            nxt += n
+            group = role
+        s = shape(sizes, backend)
+        if s.devices != n:
+            raise RpegError(f"{source}: {role}.backend's d x p x t x c = {s.devices} does not fill its {n} GPUs")
+        for st in stage_list:
+            train = st.endswith("_update")
+            r = ("full" if get(f"{role}.gradient_checkpointing", False) else "none") if train else "none"
+            layouts[st] = s.replace(zero=s.zero if train else (0 if backend == "megatron" else 3), recompute=r,
+                                    micro_batch=micro(role))
+            assign[st] = group
+    names = stage_names(algorithm, critic=has_critic, reference=uses_ref, reward_model=False, share=False)
+    k = whole("rollout.max_head_offpolicyness", 0, minimum=0)
+    n_nodes, per_node = get("cluster.n_nodes"), get("cluster.n_gpus_per_node")
+    if isinstance(n_nodes, int) and isinstance(per_node, int) and n_nodes * per_node < nxt:
+        raise RpegError(f"{source}: the backends use {nxt} GPUs; cluster.n_nodes x n_gpus_per_node = "
+                        f"{n_nodes} x {per_node} = {n_nodes * per_node}")
+    view = PlanView(algorithm=algorithm, actor=actor, job=job, gpus=nxt, critic=critic,
+                    config=config_tuple(algorithm, options), cluster=cluster, async_bound=k, partial=k >= 1,
+                    groups=tuple(groups), assign=tuple((s, assign.get(s, "actor")) for s in names),
+                    layouts=tuple((s, layouts[s]) for s in names if s in layouts),
+                    refit_gather="shard" if train_backend == "megatron" else "full")
+    if cluster is None:
+        notes.assume("the devices: an AReaL config does not name their kind; --cluster sets it (default dgx-h100)")
+    for key, value in flat.items():
+        if key in _READ or (isinstance(value, str) and value.startswith("${")):
+            continue
+        why = next((w for p, w in _NOT_PLAN if key == p or key.startswith(p + ".") or key.startswith(p)), None)
+        notes.skip(key, value, (why + ": not part of the plan") if why and "plan" not in why else
+                   why or "not read by RPEG (no part of the plan or the job it changes)")
+    return Imported(system=SYSTEM, mode=f"async k={k}" if k else "synchronous", view=view,
+                    unmapped=tuple(notes.unmapped), assumed=tuple(notes.assumed), source=source)
+
+
+# ---- what AReaL can run ---------------------------------------------------------------------------
+
+def project(view: PlanView) -> tuple[PlanView, list[str]]:
+    """The plan as AReaL can run it, and one line for each thing changed to get there."""
+    from rpeg.interop.verl import _resize
+
+    lines: list[str] = []
+    v = view
+    if v.algorithm not in ("ppo", "grpo"):
+        lines.append(f"algorithm {v.algorithm}: exported as GRPO (AReaL's group-normalized advantages)")
+        v = v.replace(algorithm="grpo", config=())
+    if v.reward is not None:
+        raise RpegError("AReaL's experiment configs take a reward function, not a reward model; export a plan with "
+                        "a rule reward")
+    if v.share:
+        lines.append("critic shared with the actor: AReaL trains a separate critic model")
+        lay = dict(v.layouts)
+        names = stage_names(v.algorithm, critic=True, reference="ref_logprobs" in dict(v.assign),
+                            reward_model=False, share=False)
+        lay["critic_values"], lay["critic_update"] = lay["actor_logprobs"], lay["actor_update"]
+        grp = dict(v.assign)
+        grp["critic_values"] = grp["critic_update"] = grp["actor_update"]
+        v = v.replace(share=False, critic=v.actor, assign=tuple((s, grp[s]) for s in names),
+                      layouts=tuple((s, lay[s]) for s in names if s in lay))
+    if v.fusion:
+        lines.append("fused stages: AReaL runs each pass on its own")
+        v = v.replace(fusion=())
+    if v.streams:
+        lines.append("streaming micro-batches: AReaL hands each stage its whole batch")
+        v = v.replace(streams=())
+    where = dict(v.assign)
+    gen_group = where["generate"]
+    train_group = where["actor_update"]
+    lay = dict(v.layouts)
+    if gen_group == train_group or len(v.groups) == 1:
+        # generation and training on disjoint GPUs: the plan's generation share, else half
+        n = v.gpus
+        g = lay["generate"]
+        gen_n = max(g.tp * g.pp, (n // 2) // (g.tp * g.pp) * (g.tp * g.pp))
+        lines.append(f"generation colocated with training: AReaL's rollout engines take GPUs of their own "
+                     f"({gen_n} of {n} here)")
+        v = v.replace(groups=(("rollout", 0, gen_n), ("actor", gen_n, n - gen_n)),
+                      assign=tuple((s, "rollout" if s.startswith("generate") else "actor") for s, _ in v.assign))
+        lay = {s: _resize(lo, gen_n if s.startswith("generate") else n - gen_n) for s, lo in lay.items()}
+    else:
+        count = {name: c for name, _, c in v.groups}
+        others = {g for s, g in v.assign if not s.startswith("generate")}
+        rename = {gen_group: "rollout", train_group: "actor"}
+        extra = [g for g in others if g not in rename]
+        for g in extra:
+            role = "ref" if any(s == "ref_logprobs" and where[s] == g for s in where) else "critic"
+            rename[g] = role
+        groups, nxt = [], 0
+        for g in [gen_group, train_group] + extra:
+            groups.append((rename[g], nxt, count[g]))
+            nxt += count[g]
+        v = v.replace(groups=tuple(groups), assign=tuple((s, rename[g]) for s, g in v.assign), gpus=nxt)
+    megatron = v.refit_gather == "shard" or lay["actor_update"].pp > 1 or lay["actor_update"].ep > 1
+    for s in list(lay):
+        lo = lay[s]
+        if s.startswith("generate"):
+            want = ParallelLayout(dp=lo.dp, tp=lo.tp, pp=lo.pp)
+        elif megatron:
+            train = s.endswith("_update")
+            rec = ("full" if lo.recompute != "none" else "none") if train else "none"
+            want = lo.replace(zero=1 if train else 0, sequence_parallel=lo.tp > 1, pp_interleave=1, pp_uneven=False,
+                              packing=True, recompute=rec)
+        else:
+            train = s.endswith("_update")
+            want = ParallelLayout(dp=lo.dp * lo.pp, tp=lo.tp, cp=lo.cp,
+                                  zero=3, micro_batch=lo.micro_batch,
+                                  recompute=("full" if lo.recompute != "none" else "none") if train else "none")
+        if want != lo and not s.startswith("generate"):
+            lines.append(f"{s} laid out as {lo.describe()}: AReaL's {'Megatron' if megatron else 'FSDP'} backend "
+                         f"runs {want.describe()}")
+        lay[s] = want
+    # the forward passes run in the actor's (or critic's) engine: its shape and micro-batch budget
+    for fwd, train in (("actor_logprobs", "actor_update"), ("critic_values", "critic_update")):
+        if fwd in lay:
+            t = lay[train]
+            want = t.replace(zero=0 if megatron else 3, recompute="none")
+            if want != lay[fwd]:
+                lines.append(f"{fwd}: AReaL runs it in the {train.split('_')[0]}'s engine ({want.describe()})")
+            lay[fwd] = want
+    if "ref_logprobs" in lay:
+        r = lay["ref_logprobs"]
+        lay["ref_logprobs"] = r.replace(micro_batch=lay["actor_update"].micro_batch)
+    v = v.replace(layouts=tuple((s, lay[s]) for s, _ in v.layouts), refit_gather="shard" if megatron else "full",
+                  reference_on_host=False)
+    if view.reference_on_host:
+        lines.append("reference on the host: not set by this export")
+    if not v.async_bound:
+        lines.append("synchronous: AReaL's trainer is asynchronous; exported as k = 0 (max_head_offpolicyness 0)")
+    v = v.replace(partial=v.async_bound >= 1)
+    opts = dict(v.config)
+    if opts.get("off_policy") not in (None, "none", "decoupled"):
+        lines.append(f"off_policy {opts['off_policy']}: AReaL's correction is its decoupled objective")
+        opts.pop("off_policy")
+    from rpeg.interop.verl import _defaults_of
+
+    full = {**_defaults_of(v.algorithm), **opts}
+    if full["kl_coef"] and full["kl_in"] != "reward":
+        lines.append("KL in the loss: AReaL's kl_ctl penalizes the reward")
+        opts["kl_in"] = "reward"
+    for k in ("loss_agg", "entropy_coef", "norm_adv_by_std", "oversample", "is_low"):
+        if k in opts:
+            lines.append(f"{k} {opts.pop(k)}: not written by this export (AReaL's defaults apply)")
+    v = v.replace(config=config_tuple(v.algorithm, opts))
+    return v, lines
+
+
+def _backend(lo: ParallelLayout, kind: str) -> str:
+    parts = f"d{lo.dp}p{lo.pp}t{lo.tp}"
+    if lo.cp > 1:
+        parts += f"c{lo.cp}"
+    if lo.ep > 1:
+        parts += f"e{lo.ep}"
+    return f"{kind}:{parts}"
+
+
+def config_data(view: PlanView) -> dict[str, Any]:
+    """The AReaL experiment config (a mapping) that runs `view` (already projected)."""
+    from rpeg.interop.verl import _defaults_of, hf_name
+
+    v = view
+    lay = dict(v.layouts)
+    opts = {**_defaults_of(v.algorithm), **dict(v.config)}
+    megatron = v.refit_gather == "shard"
+    seq = v.job.prompt_len + v.job.response.max
+    kind = "megatron" if megatron else "fsdp"
+    n = v.gpus
+    per = 8 if n % 8 == 0 else n
+    a = lay["actor_update"]
+    actor: dict[str, Any] = {
+        "backend": _backend(a, kind), "path": hf_name(v.actor), "gradient_checkpointing": a.recompute != "none",
+        "mb_spec": {"max_tokens_per_mb": a.micro_batch * seq}, "ppo_n_minibatches": v.job.mini_batches,
+        "eps_clip": opts["clip_low"], "kl_ctl": opts["kl_coef"], "discount": opts["gamma"],
+        "gae_lambda": opts["lam"], "use_decoupled_loss": opts["off_policy"] == "decoupled",
+        "recompute_logprob": True, "max_new_tokens": v.job.response.max,
+    }
+    if opts["clip_high"] != opts["clip_low"]:
+        actor["eps_clip_higher"] = opts["clip_high"]
+    if opts["dual_clip"]:
+        actor["c_clip"] = opts["dual_clip"]
+    if opts["kl_coef"]:
+        actor["kl_estimator"] = opts["kl_estimator"]
+    if opts["policy_loss"] == "gspo":
+        actor["importance_sampling_level"] = "sequence"
+    if opts["off_policy"] == "decoupled":
+        actor["rejection_sampling"] = {"metric": "ratio", "upper": opts["is_cap"]}
+    if megatron and a.recompute == "selective":
+        actor["gradient_checkpointing"] = True
+    names = {"experiment_name": "${experiment_name}", "trial_name": "${trial_name}"}
+    files = {**names, "fileroot": "${cluster.fileroot}"}
+    actor.update(names)
+    data: dict[str, Any] = {
+        "experiment_name": "rpeg-plan", "trial_name": "trial0", "tokenizer_path": "${actor.path}",
+        "cluster": {"n_nodes": n // per, "n_gpus_per_node": per, "fileroot": "/tmp/areal/experiments",
+                    "name_resolve": {"type": "nfs", "nfs_record_root": "/tmp/areal/name_resolve"}},
+        "rollout": {"backend": _backend(lay["generate"], "sglang"), "max_head_offpolicyness": v.async_bound,
+                    **names, "fileroot": "${cluster.fileroot}", "tokenizer_path": "${tokenizer_path}",
+                    "consumer_batch_size": "${train_dataset.batch_size}"},
+        "gconfig": {"n_samples": v.job.samples_per_prompt, "max_new_tokens": v.job.response.max},
+        "actor": actor,
+        "train_dataset": {"batch_size": v.job.prompts, "max_length": v.job.prompt_len, "path": "openai/gsm8k",
+                          "type": "rl"},
+        # what AReaL's dataclasses require of every experiment (its examples set the same)
+        "saver": dict(files), "recover": {"mode": "disabled", **files}, "evaluator": dict(files),
+        "stats_logger": {**files, "wandb": {"mode": "disabled"}},
+    }
+    where = dict(v.assign)
+    for role, stage in (("ref", "ref_logprobs"), ("critic", "critic_update")):
+        if stage not in lay:
+            continue
+        lo = lay[stage]
+        sec: dict[str, Any] = {"backend": _backend(lo, kind), "path": hf_name(v.critic or v.actor if role == "critic"
+                                                                              else v.actor),
+                               "mb_spec": {"max_tokens_per_mb": lo.micro_batch * seq}, **names}
+        if where[stage] == where["actor_update"]:
+            sec["scheduling_strategy"] = {"type": "colocation", "target": "actor"}
+        if role == "critic":
+            sec["gradient_checkpointing"] = lo.recompute != "none"
+            sec["eps_clip"] = opts["value_clip"]
+        data[role] = sec
+    return data
+
+
+def write(view: PlanView) -> Exported:
+    v, lines = project(view)
+    head = ["# written by rpeg export for AReaL 1.0.4 "
+            f"(rollout {dict(v.layouts)['generate'].devices} GPUs, training the rest; max_head_offpolicyness "
+            f"{v.async_bound})"]
+    if lines:
+        head.append("# AReaL cannot express, so this config leaves out:")
+        head += [f"#   - {line}" for line in lines]
+    head.append("# the dataset, reward function, optimizer and logging: add your own keys")
+    text = "\n".join(head) + "\n" + yaml.safe_dump(config_data(v), sort_keys=False)
+    return Exported(system=SYSTEM, text=text, view=v, left_out=tuple(lines), filename=f"areal{SUFFIX}")
