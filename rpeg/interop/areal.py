@@ -40,7 +40,7 @@ from rpeg.errors import RpegError
 from rpeg.graph import Job, ParallelLayout
 from rpeg.graph.serde import from_data, parse_yaml
 from rpeg.interop.common import (
-    Exported, Imported, Notes, PlanView, config_tuple, model_preset, response_of, stage_names,
+    Exported, Imported, Notes, PlanView, config_tuple, model_preset, response_of, stage_names, unshare,
 )
 
 SYSTEM = "areal"
@@ -274,14 +274,7 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
                         "a rule reward")
     if v.share:
         lines.append("critic shared with the actor: AReaL trains a separate critic model")
-        lay = dict(v.layouts)
-        names = stage_names(v.algorithm, critic=True, reference="ref_logprobs" in dict(v.assign),
-                            reward_model=False, share=False)
-        lay["critic_values"], lay["critic_update"] = lay["actor_logprobs"], lay["actor_update"]
-        grp = dict(v.assign)
-        grp["critic_values"] = grp["critic_update"] = grp["actor_update"]
-        v = v.replace(share=False, critic=v.actor, assign=tuple((s, grp[s]) for s in names),
-                      layouts=tuple((s, lay[s]) for s in names if s in lay))
+        v = unshare(v)
     if v.fusion:
         lines.append("fused stages: AReaL runs each pass on its own")
         v = v.replace(fusion=())

@@ -481,3 +481,17 @@ def script_command(text: str, entry: re.Pattern, where: str) -> tuple[list[str],
             if entry.search(w):
                 return words[k + 1:], w
     raise RpegError(f"{where}: no command in it runs {entry.pattern}")
+
+
+def unshare(view: PlanView) -> PlanView:
+    """`view` with its critic a model of its own again (the actor's architecture): the critic's stages
+    back, laid out and placed as the actor's forward pass and update (what a peer that cannot share
+    the critic would run in their place)."""
+    lay = dict(view.layouts)
+    names = stage_names(view.algorithm, critic=True, reference="ref_logprobs" in dict(view.assign),
+                        reward_model=view.reward is not None, share=False)
+    lay["critic_values"], lay["critic_update"] = lay["actor_logprobs"], lay["actor_update"]
+    grp = dict(view.assign)
+    grp["critic_values"] = grp["critic_update"] = grp["actor_update"]
+    return view.replace(share=False, critic=view.actor, assign=tuple((s, grp[s]) for s in names),
+                        layouts=tuple((s, lay[s]) for s in names if s in lay))

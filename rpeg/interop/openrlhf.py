@@ -49,7 +49,7 @@ from rpeg.errors import RpegError
 from rpeg.graph import Job, ParallelLayout
 from rpeg.graph.serde import from_data
 from rpeg.interop.common import (
-    Exported, Imported, Notes, PlanView, config_tuple, model_preset, response_of, script_command, stage_names,
+    Exported, Imported, Notes, PlanView, config_tuple, model_preset, response_of, script_command, stage_names, unshare,
 )
 
 SYSTEM = "openrlhf"
@@ -451,14 +451,7 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
                         "plan does not name; export dapo to verl or AReaL")
     if v.share:
         lines.append("critic shared with the actor: OpenRLHF trains a separate critic model (same architecture here)")
-        lay = dict(v.layouts)
-        names = stage_names(v.algorithm, critic=True, reference="ref_logprobs" in dict(v.assign),
-                            reward_model=v.reward is not None, share=False)
-        lay["critic_values"], lay["critic_update"] = lay["actor_logprobs"], lay["actor_update"]
-        grp = dict(v.assign)
-        grp["critic_values"] = grp["critic_update"] = grp["actor_update"]
-        v = v.replace(share=False, critic=v.actor, assign=tuple((s, grp[s]) for s in names),
-                      layouts=tuple((s, lay[s]) for s in names if s in lay))
+        v = unshare(v)
     if v.fusion:
         lines.append("fused stages (" + "; ".join("+".join(f) for f in v.fusion) + "): OpenRLHF runs each pass on "
                      "its own")

@@ -58,7 +58,8 @@ from rpeg.errors import RpegError
 from rpeg.graph import Job, ParallelLayout
 from rpeg.graph.serde import from_data, parse_yaml
 from rpeg.interop.common import (
-    Exported, Imported, Notes, PlanView, model_preset, response_of, script_command, stage_names,
+    Exported, Imported, Notes, PlanView, config_tuple, model_preset, response_of, script_command, stage_names,
+    unshare,
 )
 
 SYSTEM = "verl"
@@ -506,7 +507,6 @@ def _from_config(cfg: dict[str, Any], mode: str, megatron: bool, source: str, *,
         partial = c.flag("async_training.partial_rollout")
     ref_host = uses_ref and strategy != "megatron" and c.flag("actor_rollout_ref.ref.fsdp_config.param_offload")
 
-    from rpeg.interop.common import config_tuple
     view = PlanView(
         algorithm=algorithm, actor=actor, job=job, gpus=gpus, critic=critic, reward=reward,
         config=config_tuple(algorithm, options), cluster=cluster, async_bound=async_bound, partial=partial,
@@ -603,15 +603,7 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
     v = view
     if v.share:
         lines.append("critic shared with the actor: verl trains a separate critic model (same architecture here)")
-        lay = dict(v.layouts)
-        names = stage_names(v.algorithm, critic=True, reference=any(s == "ref_logprobs" for s, _ in v.assign),
-                            reward_model=v.reward is not None, share=False)
-        lay["critic_values"] = lay["actor_logprobs"]
-        lay["critic_update"] = lay["actor_update"]
-        grp = dict(v.assign)
-        grp["critic_values"] = grp["critic_update"] = grp["actor_update"]
-        v = v.replace(share=False, critic=v.actor, assign=tuple((s, grp[s]) for s in names),
-                      layouts=tuple((s, lay[s]) for s in names if s in lay))
+        v = unshare(v)
     if v.fusion:
         lines.append("fused stages (" + "; ".join("+".join(f) for f in v.fusion) + "): verl runs each pass on its own")
         v = v.replace(fusion=())
@@ -723,7 +715,6 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
     if v.algorithm not in ESTIMATORS.values() and v.algorithm != "dapo":
         raise RpegError(f"verl has no {v.algorithm} estimator to export to (it runs "
                         f"{', '.join(sorted(set(ESTIMATORS.values()) | {'dapo'}))})")
-    from rpeg.interop.common import config_tuple
     v = v.replace(config=config_tuple(v.algorithm, opts))
     return v, lines
 
