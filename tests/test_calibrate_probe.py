@@ -89,8 +89,13 @@ def test_calibrate_writes_the_layer_figures_with_their_sources(tmp_path, monkeyp
     # one torch thread: tests running alongside cannot starve an OpenMP barrier into a useless fit
     monkeypatch.setattr(calibration.os, "cpu_count", lambda: 1)
     path = tmp_path / "cpu.yaml"
-    device = calibration.calibrate(path, seconds=0.2)
-    data = yaml.safe_load(path.read_text())
+    # the probe fits a line through two timings; another test process on the same 2 cores can bend it
+    # into no usable fit (calibrate then writes no layer figures and says why): up to three tries
+    for _ in range(3):
+        device = calibration.calibrate(path, seconds=0.2)
+        data = yaml.safe_load(path.read_text())
+        if "layer_host_us" in data:
+            break
     assert data["layer_host_us"] > 0 and data["layer_token_us"] > 0
     for key in ("layer_host_us", "layer_token_us"):
         source = data["sources"][key]
