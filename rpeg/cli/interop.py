@@ -25,7 +25,8 @@ from rpeg.report import table
 
 DEFAULT_CLUSTER = "dgx-h100"
 MAX_FILE_BYTES = 4 << 20  # a launch script or config; anything larger is not one
-MODES = {"sync": "synchronous trainer", "one-step-off": "one-step-off trainer", "fully-async": "fully-async trainer"}
+MODES = {"sync": "synchronous trainer", "one-step-off": "one-step-off trainer", "fully-async": "fully-async trainer",
+         "async": "async trainer"}
 
 
 def add_parsers(sub) -> None:

@@ -327,7 +327,8 @@ def stage_names(algorithm: str, *, critic: bool, reference: bool, reward_model: 
 
     m = get_model("qwen2.5-0.5B")
     models = Models(actor=m, critic=m if critic else None, reward=m if reward_model else None, reference=None)
-    g = build_graph(algorithm, Job(), models, **({} if reference else {"kl_coef": 0.0}))
+    # a reference runs exactly when the KL coefficient is above 0 (dapo's and dr_grpo's default is 0)
+    g = build_graph(algorithm, Job(), models, kl_coef=0.01 if reference else 0.0)
     names = [s.name for s in g.stages if s.kind is not Kind.SYNC]
     if share:
         names = [n for n in names if n not in ("critic_values", "critic_update")]

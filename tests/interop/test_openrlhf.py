@@ -146,3 +146,14 @@ def test_bad_launches_give_one_line_errors(text, message):
     with pytest.raises(RpegError) as e:
         ro.read(text, "job.sh")
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_estimator_whose_default_kl_is_zero_keeps_the_reference_the_launch_asks_for():
+    # OpenRLHF's --algo.kl.init_coef defaults to 0.01; RPEG's dr_grpo defaults to no KL: the reference must run
+    text = ("python3 -m openrlhf.cli.train_ppo_ray --algo.advantage.estimator dr_grpo --reward.remote_url http://x "
+            "--actor.model_name_or_path Qwen/Qwen3-8B --vllm.num_engines 4 --vllm.tensor_parallel_size 2 "
+            "--train.colocate_all --rollout.batch_size 64 --rollout.n_samples_per_prompt 8 --train.batch_size 128 "
+            "--rollout.max_new_tokens 4096 --data.max_len 5120\n")
+    v = ro.read(text, "dr.sh").view
+    assert dict(v.config)["kl_coef"] == 0.01 and "ref_logprobs" in dict(v.layouts)
+    assert "ref_logprobs" in [s.name for s in graph_of(v).stages]
