@@ -57,6 +57,8 @@ _READ = {  # keys read, by dotted name
     "ref.scheduling_strategy.type", "ref.scheduling_strategy.target", "critic.scheduling_strategy.type",
     "critic.scheduling_strategy.target", "cluster.n_nodes", "cluster.n_gpus_per_node", "actor.recompute_logprob",
     "critic.gradient_checkpointing", "ref.gradient_checkpointing", "critic.eps_clip",
+    "actor.reward_norm.mean_level", "actor.reward_norm.std_level", "actor.reward_norm.group_size",
+    "actor.adv_norm.mean_level", "actor.adv_norm.std_level",
 }
 _NOT_PLAN = (
     ("experiment_name", "naming"), ("trial_name", "naming"), ("seed", "the seed is not part of the plan"),
@@ -362,6 +364,11 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
     return v, lines
 
 
+# the optimizer AReaL's examples train with (examples/math/gsm8k_grpo.yaml); RPEG's plan does not set one
+OPTIMIZER = {"type": "adam", "lr": 1.7e-5, "weight_decay": 0.017, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
+             "lr_scheduler_type": "constant", "gradient_clipping": 1.0, "warmup_steps_proportion": 0.001}
+
+
 def _backend(lo: ParallelLayout, kind: str) -> str:
     parts = f"d{lo.dp}p{lo.pp}t{lo.tp}"
     if lo.cp > 1:
@@ -391,6 +398,14 @@ def config_data(view: PlanView) -> dict[str, Any]:
         "gae_lambda": opts["lam"], "use_decoupled_loss": opts["off_policy"] == "decoupled",
         "recompute_logprob": True, "max_new_tokens": v.job.response.max,
     }
+    # AReaL's algorithm is its normalization (trainer/ppo/actor.py): GRPO normalizes rewards per group, then
+    # whitens advantages over the batch (its gsm8k_grpo example); PPO whitens GAE advantages over the batch.
+    # Without these AReaL would run plain REINFORCE. And an engine with no optimizer does not train
+    # (cli_args.py TrainEngineConfig): every trained engine gets one (the examples' AdamW figures).
+    if v.algorithm == "grpo":
+        actor["reward_norm"] = {"mean_level": "group", "std_level": "group", "group_size": v.job.samples_per_prompt}
+    actor["adv_norm"] = {"mean_level": "batch", "std_level": "batch"}
+    actor["optimizer"] = dict(OPTIMIZER)
     if opts["clip_high"] != opts["clip_low"]:
         actor["eps_clip_higher"] = opts["clip_high"]
     if opts["dual_clip"]:
@@ -432,6 +447,7 @@ def config_data(view: PlanView) -> dict[str, Any]:
         if where[stage] == where["actor_update"]:
             sec["scheduling_strategy"] = {"type": "colocation", "target": "actor"}
         if role == "critic":
+            sec["optimizer"] = dict(OPTIMIZER)
             sec["gradient_checkpointing"] = lo.recompute != "none"
             sec["eps_clip"] = opts["value_clip"]
         data[role] = sec

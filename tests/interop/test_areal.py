@@ -84,7 +84,13 @@ def test_rpeg_plans_export_to_what_areal_loads(algorithm, tmp_path):
     v = view_of(best.graph, actor="qwen2.5-7B", critic="qwen2.5-7B" if algorithm == "ppo" else None,
                 cluster="dgx-h100", gpus=gpus)
     out = ra.write(v)
-    areal_check(out.text, tmp_path)
+    cfg = areal_check(out.text, tmp_path)
+    # AReaL's algorithm is its normalization, and an engine with no optimizer does not train
+    assert cfg.actor.adv_norm.mean_level == "batch" and cfg.actor.optimizer is not None
+    if algorithm == "grpo":
+        assert (cfg.actor.reward_norm.mean_level, cfg.actor.reward_norm.std_level) == ("group", "group")
+    else:
+        assert cfg.critic.optimizer is not None
     back = ra.read(out.text, "export", response_mean=v.job.response.mean, cluster="dgx-h100")
     assert back.view == out.view == ra.project(v)[0]
     graph_of(out.view)
