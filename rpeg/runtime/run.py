@@ -68,8 +68,10 @@ class _Ray:
             self.tmp = tempfile.mkdtemp(prefix="rpeg-ray-")
             # one CPU bundle per plan device (roles.Placement): a plan may have more devices than cores,
             # which then share them, as the cpu-local calibration measured (`rpeg calibrate --devices D`)
-            ray.init(num_cpus=max(os.cpu_count() or 2, devices), include_dashboard=False, _temp_dir=self.tmp,
-                     log_to_driver=False, configure_logging=False)
+            # address="local": always a new cluster, never one another process on this machine just started
+            # (two test processes starting Ray at once: one joined the other's and failed on num_cpus)
+            ray.init(address="local", num_cpus=max(os.cpu_count() or 2, devices), include_dashboard=False,
+                     _temp_dir=self.tmp, log_to_driver=False, configure_logging=False)
         self.owned = True
 
     def close(self) -> None:
