@@ -40,6 +40,7 @@ from rpeg.errors import RpegError
 from rpeg.graph import Job, ParallelLayout
 from rpeg.graph.serde import from_data, parse_yaml
 from rpeg.interop.common import (
+    defaults_of, hf_name, resize,
     Exported, Imported, Notes, PlanView, config_tuple, model_preset, response_of, stage_names, unshare,
 )
 
@@ -264,8 +265,6 @@ def read(text: str, source: str, *, model: str | None = None, response_mean: flo
 
 def project(view: PlanView) -> tuple[PlanView, list[str]]:
     """The plan as AReaL can run it, and one line for each thing changed to get there."""
-    from rpeg.interop.verl import _resize
-
     lines: list[str] = []
     v = view
     if v.algorithm not in ("ppo", "grpo"):
@@ -296,7 +295,7 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
                      f"({gen_n} of {n} here)")
         v = v.replace(groups=(("rollout", 0, gen_n), ("actor", gen_n, n - gen_n)),
                       assign=tuple((s, "rollout" if s.startswith("generate") else "actor") for s, _ in v.assign))
-        lay = {s: _resize(lo, gen_n if s.startswith("generate") else n - gen_n) for s, lo in lay.items()}
+        lay = {s: resize(lo, gen_n if s.startswith("generate") else n - gen_n) for s, lo in lay.items()}
     else:
         count = {name: c for name, _, c in v.groups}
         others = {g for s, g in v.assign if not s.startswith("generate")}
@@ -351,9 +350,7 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
     if opts.get("off_policy") not in (None, "none", "decoupled"):
         lines.append(f"off_policy {opts['off_policy']}: AReaL's correction is its decoupled objective")
         opts.pop("off_policy")
-    from rpeg.interop.verl import _defaults_of
-
-    full = {**_defaults_of(v.algorithm), **opts}
+    full = {**defaults_of(v.algorithm), **opts}
     if full["kl_coef"] and full["kl_in"] != "reward":
         lines.append("KL in the loss: AReaL's kl_ctl penalizes the reward")
         opts["kl_in"] = "reward"
@@ -380,11 +377,9 @@ def _backend(lo: ParallelLayout, kind: str) -> str:
 
 def config_data(view: PlanView) -> dict[str, Any]:
     """The AReaL experiment config (a mapping) that runs `view` (already projected)."""
-    from rpeg.interop.verl import _defaults_of, hf_name
-
     v = view
     lay = dict(v.layouts)
-    opts = {**_defaults_of(v.algorithm), **dict(v.config)}
+    opts = {**defaults_of(v.algorithm), **dict(v.config)}
     megatron = v.refit_gather == "shard"
     seq = v.job.prompt_len + v.job.response.max
     kind = "megatron" if megatron else "fsdp"

@@ -496,3 +496,48 @@ def unshare(view: PlanView) -> PlanView:
     grp["critic_values"] = grp["critic_update"] = grp["actor_update"]
     return view.replace(share=False, critic=view.actor, assign=tuple((s, grp[s]) for s in names),
                         layouts=tuple((s, lay[s]) for s in names if s in lay))
+
+
+# ---- what the exporters share ------------------------------------------------------------------------
+
+def defaults_of(algorithm: str) -> dict[str, Any]:
+    """Every option of the algorithm's defaults."""
+    return algo_options(get_algorithm(algorithm).default)
+
+
+def resize(lay: ParallelLayout, n: int) -> ParallelLayout:
+    other = lay.tp * lay.pp * lay.cp
+    if n % other:
+        return lay.replace(dp=max(1, n // other))
+    return lay.replace(dp=n // other)
+
+
+def colocate_all(v: PlanView) -> PlanView:
+    """Every stage on one group of all the plan's GPUs; layouts scaled to it (dp grows)."""
+    n = v.gpus
+    lay = {s: resize(lo, n) for s, lo in v.layouts}
+    return v.replace(groups=(("all", 0, n),), assign=tuple((s, "all") for s, _ in v.assign),
+                     layouts=tuple((s, lay[s]) for s, _ in v.layouts), async_bound=v.async_bound)
+
+
+# Hugging Face repositories of the presets' architectures, for the model paths an export writes
+HF_NAMES = {
+    "qwen2.5-0.5B": "Qwen/Qwen2.5-0.5B-Instruct", "qwen2.5-1.5B": "Qwen/Qwen2.5-1.5B-Instruct",
+    "qwen2.5-7B": "Qwen/Qwen2.5-7B-Instruct", "qwen2.5-14B": "Qwen/Qwen2.5-14B-Instruct",
+    "qwen2.5-32B": "Qwen/Qwen2.5-32B-Instruct", "qwen2.5-72B": "Qwen/Qwen2.5-72B-Instruct",
+    "qwen3-0.6B": "Qwen/Qwen3-0.6B", "qwen3-1.7B": "Qwen/Qwen3-1.7B", "qwen3-4B": "Qwen/Qwen3-4B",
+    "qwen3-8B": "Qwen/Qwen3-8B", "qwen3-14B": "Qwen/Qwen3-14B", "qwen3-32B": "Qwen/Qwen3-32B",
+    "qwen3-30B-A3B": "Qwen/Qwen3-30B-A3B", "qwen3-235B-A22B": "Qwen/Qwen3-235B-A22B",
+    "llama-3.1-8B": "meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-70B": "meta-llama/Llama-3.1-70B-Instruct",
+    "llama-3.1-405B": "meta-llama/Llama-3.1-405B-Instruct", "llama-2-7B": "meta-llama/Llama-2-7b-hf",
+    "llama-2-13B": "meta-llama/Llama-2-13b-hf", "llama-2-70B": "meta-llama/Llama-2-70b-hf",
+    "deepseek-v3": "deepseek-ai/DeepSeek-V3",
+}
+
+
+def hf_name(preset: str) -> str:
+    """A Hugging Face repository of the preset's architecture (the config names a path; RPEG knows shapes)."""
+    if preset not in HF_NAMES:
+        raise RpegError(f"model {preset!r} has no Hugging Face repository this export knows; a peer's config loads "
+                        f"weights by path (presets with one: {', '.join(HF_NAMES)})")
+    return HF_NAMES[preset]

@@ -49,6 +49,7 @@ from rpeg.errors import RpegError
 from rpeg.graph import Job, ParallelLayout
 from rpeg.graph.serde import from_data
 from rpeg.interop.common import (
+    colocate_all, defaults_of, hf_name, resize,
     Exported, Imported, Notes, PlanView, config_tuple, model_preset, response_of, script_command, stage_names, unshare,
 )
 
@@ -440,8 +441,6 @@ _ROLE = {"generate": "vllm", "generate_greedy": "vllm", "reward": "reward", "ref
 
 def project(view: PlanView) -> tuple[PlanView, list[str]]:
     """The plan as OpenRLHF can run it, and one line for each thing changed to get there."""
-    from rpeg.interop.verl import _resize
-
     lines: list[str] = []
     v = view
     if v.algorithm not in ESTIMATORS.values() and v.algorithm != "dapo":
@@ -502,7 +501,7 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
         else:
             n = groups[dict(v.assign)[s]]
             train = s.endswith("_update")
-            base = _resize(ParallelLayout(tp=tp, cp=cp, packing=packing), n)
+            base = resize(ParallelLayout(tp=tp, cp=cp, packing=packing), n)
             if n % (tp * cp):
                 raise RpegError(f"OpenRLHF export: tp x ring = {tp} x {cp} does not divide {s}'s {n} GPUs")
             want = base.replace(zero=zero if train else fz, recompute=rec if train else "none",
@@ -578,20 +577,16 @@ def _per_model(models: dict[str, str]) -> bool:
 def _colocate_all(v: PlanView) -> PlanView:
     """Everything on one group, synchronous: --train.colocate_all in async mode would keep the engines
     apart, which is the placement being given up."""
-    from rpeg.interop.verl import _colocate
-
-    return _colocate(v).replace(async_bound=0, partial=False)
+    return colocate_all(v).replace(async_bound=0, partial=False)
 
 
 # ---- writing ---------------------------------------------------------------------------------------
 
 def arguments(view: PlanView) -> list[str]:
     """The train_ppo_ray flags that run `view` (already projected)."""
-    from rpeg.interop.verl import _defaults_of, hf_name
-
     v = view
     lay = dict(v.layouts)
-    opts = {**_defaults_of(v.algorithm), **dict(v.config)}
+    opts = {**defaults_of(v.algorithm), **dict(v.config)}
     groups = {n: (f, c) for n, f, c in v.groups}
     out: list[str] = []
 

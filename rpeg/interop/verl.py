@@ -61,6 +61,8 @@ from rpeg.interop.common import (
     Exported, Imported, Notes, PlanView, config_tuple, model_preset, response_of, script_command, stage_names,
     unshare,
 )
+from rpeg.interop.common import HF_NAMES, colocate_all, defaults_of, hf_name, resize  # noqa: F401 (HF_NAMES: the tests)
+
 
 SYSTEM = "verl"
 SUFFIX = ".sh"
@@ -621,13 +623,13 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
     if v.async_bound == 0 and not one_pool:
         lines.append("device groups (" + ", ".join(f"{n} {c}" for n, _, c in v.groups) + "): verl's synchronous "
                      "trainer runs every role on one pool")
-        v = _colocate(v)
+        v = colocate_all(v)
     elif v.async_bound:
         rest = {g for s, g in v.assign if not s.startswith("generate") and s != "reward"}
         if len(gen_groups) != 1 or len(rest) != 1 or gen_groups & rest:
             lines.append("device groups other than a rollout pool and a training pool: verl places the roles on "
                          "those two")
-            v = _colocate(v)
+            v = colocate_all(v)
             v = v.replace(async_bound=0, partial=False)
         else:
             v = _two_pools(v, gen_groups.pop(), rest.pop())
@@ -719,14 +721,6 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
     return v, lines
 
 
-def _colocate(v: PlanView) -> PlanView:
-    """Every stage on one group of all the plan's GPUs; layouts scaled to it (dp grows)."""
-    n = v.gpus
-    lay = {s: _resize(lo, n) for s, lo in v.layouts}
-    return v.replace(groups=(("all", 0, n),), assign=tuple((s, "all") for s, _ in v.assign),
-                     layouts=tuple((s, lay[s]) for s, _ in v.layouts), async_bound=v.async_bound)
-
-
 def _two_pools(v: PlanView, gen: str, rest: str) -> PlanView:
     g = dict((n, (f, c)) for n, f, c in v.groups)
     gc, tc = g[gen][1], g[rest][1]
@@ -739,36 +733,7 @@ def _two_pools(v: PlanView, gen: str, rest: str) -> PlanView:
                      gpus=gc + tc + (reward_pool[2] if reward_pool else 0))
 
 
-def _resize(lay: ParallelLayout, n: int) -> ParallelLayout:
-    other = lay.tp * lay.pp * lay.cp
-    if n % other:
-        return lay.replace(dp=max(1, n // other))
-    return lay.replace(dp=n // other)
-
-
 # ---- writing ---------------------------------------------------------------------------------------
-
-HF_NAMES = {
-    "qwen2.5-0.5B": "Qwen/Qwen2.5-0.5B-Instruct", "qwen2.5-1.5B": "Qwen/Qwen2.5-1.5B-Instruct",
-    "qwen2.5-7B": "Qwen/Qwen2.5-7B-Instruct", "qwen2.5-14B": "Qwen/Qwen2.5-14B-Instruct",
-    "qwen2.5-32B": "Qwen/Qwen2.5-32B-Instruct", "qwen2.5-72B": "Qwen/Qwen2.5-72B-Instruct",
-    "qwen3-0.6B": "Qwen/Qwen3-0.6B", "qwen3-1.7B": "Qwen/Qwen3-1.7B", "qwen3-4B": "Qwen/Qwen3-4B",
-    "qwen3-8B": "Qwen/Qwen3-8B", "qwen3-14B": "Qwen/Qwen3-14B", "qwen3-32B": "Qwen/Qwen3-32B",
-    "qwen3-30B-A3B": "Qwen/Qwen3-30B-A3B", "qwen3-235B-A22B": "Qwen/Qwen3-235B-A22B",
-    "llama-3.1-8B": "meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-70B": "meta-llama/Llama-3.1-70B-Instruct",
-    "llama-3.1-405B": "meta-llama/Llama-3.1-405B-Instruct", "llama-2-7B": "meta-llama/Llama-2-7b-hf",
-    "llama-2-13B": "meta-llama/Llama-2-13b-hf", "llama-2-70B": "meta-llama/Llama-2-70b-hf",
-    "deepseek-v3": "deepseek-ai/DeepSeek-V3",
-}
-
-
-def hf_name(preset: str) -> str:
-    """A Hugging Face repository of the preset's architecture (the config names a path; RPEG knows shapes)."""
-    if preset not in HF_NAMES:
-        raise RpegError(f"model {preset!r} has no Hugging Face repository this export knows; a peer's config loads "
-                        f"weights by path (presets with one: {', '.join(HF_NAMES)})")
-    return HF_NAMES[preset]
-
 
 def _fmt(v: Any) -> str:
     if isinstance(v, bool):
@@ -784,7 +749,7 @@ def overrides(view: PlanView) -> tuple[str, list[str], str]:
     """(the entry module, the Hydra overrides, the mode) that run `view` (already projected) in verl."""
     v = view
     lay = dict(v.layouts)
-    opts = {**_defaults_of(v.algorithm), **dict(v.config)}
+    opts = {**defaults_of(v.algorithm), **dict(v.config)}
     A, R = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout."
     a = lay["actor_update"]
     megatron = v.refit_gather == "shard"
@@ -922,13 +887,6 @@ def _megatron_recompute(prefix: str, recompute: str) -> list[str]:
 def _node_size(n: int) -> int:
     """GPUs per node for a pool of n: 8 when n is a multiple of 8 (verl's default node), else n on one node."""
     return 8 if n % 8 == 0 else n
-
-
-def _defaults_of(algorithm: str) -> dict[str, Any]:
-    from rpeg.algorithms import get_algorithm
-    from rpeg.interop.common import algo_options
-
-    return algo_options(get_algorithm(algorithm).default)
 
 
 def write(view: PlanView) -> Exported:
