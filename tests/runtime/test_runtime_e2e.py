@@ -236,7 +236,7 @@ def test_a_colocated_plan_on_two_devices_shards_training_and_splits_generation(t
     assert all(m["logprob_gap_max"] < 1e-4 for m in result.metrics), [m["logprob_gap_max"] for m in result.metrics]
     assert any(m["grad_norm"] > 0 for m in result.metrics)
     assert all(r.devices == (0, 2) for r in result.timeline.records if r.unit in ("generate", "actor_update"))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # never another test's cluster
     try:
         roles = Roles.build(g, rt(tmp_path / "b"), build_tiny(str(tmp_path / "tiny")), ray)
         try:
@@ -300,7 +300,7 @@ def test_a_data_parallel_reference_runs_a_copy_per_device_and_other_layouts_are_
     from rpeg.runtime.models import build_tiny
     from rpeg.runtime.roles import Roles
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         roles = Roles.build(g, rt(tmp_path / "c"), build_tiny(str(tmp_path / "tiny")), ray)
         try:
