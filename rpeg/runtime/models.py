@@ -131,6 +131,19 @@ def load_reward(path: str):
     return model.eval(), tokenizer
 
 
+def prompt_ids(tok, prompts: list[str], chat: bool = False) -> list[list[int]]:
+    """Token ids of each prompt: as it is, or with `chat` as the user's message in the tokenizer's chat
+    template (its default system prompt included), ending where the assistant's answer begins."""
+    if not chat:
+        return [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    if not getattr(tok, "chat_template", None):
+        raise RpegError("runtime.chat is on, but the model's tokenizer has no chat template (tokenizer_config.json "
+                        "or chat_template.jinja); set chat: false to give prompts as plain text")
+    texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+             for p in prompts]
+    return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
 def autocast(device: str | None, bf16: bool):
     """bf16 autocast for a model on a device (fp32 master weights stay as they are); nothing on the
     default CPU path (device None) or without bf16."""

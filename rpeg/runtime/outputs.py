@@ -28,9 +28,10 @@ def write_jsonl(path: str, rows: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-def save_atomic(folder: str, step: int, state: dict, keep: int) -> str:
+def save_atomic(folder: str, step: int, state: dict, keep: int, extra=None) -> str:
     """Write to a temporary folder, fsync, rename into place, then point `latest` at it: a kill at any
-    moment leaves the previous checkpoint whole and `latest` naming a complete one."""
+    moment leaves the previous checkpoint whole and `latest` naming a complete one. `extra(tmp)`
+    writes more into the checkpoint's folder before it is renamed (the policy as a model folder)."""
     os.makedirs(folder, exist_ok=True)
     final = os.path.join(folder, f"step-{step:06d}")
     tmp = os.path.join(folder, f".tmp-step-{step:06d}-{os.getpid()}")
@@ -41,6 +42,8 @@ def save_atomic(folder: str, step: int, state: dict, keep: int) -> str:
         torch.save(state, fh)
         fh.flush()
         os.fsync(fh.fileno())
+    if extra is not None:
+        extra(tmp)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     pointer = os.path.join(folder, "latest")

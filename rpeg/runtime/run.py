@@ -12,7 +12,9 @@ Bounded asynchrony: generation for step s + j is launched as soon as it may run 
 weights (j <= k); every sample records the weight version it came from.
 
 Outputs under `out/`: metrics.jsonl (a line per step), reward.png, timeline.json (Chrome trace,
-the simulator's format) and gantt.png, checkpoints/ (atomic; `resume=True` continues exactly).
+the simulator's format) and gantt.png, checkpoints/ (atomic; `resume=True` continues exactly; each
+holds the policy as a Hugging Face folder, `model/`), and model/: the trained policy at the end, a
+folder `from_pretrained` and vLLM load as it is (rpeg.runtime.hf.save_policy).
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ import torch
 from rpeg.errors import RpegError
 from rpeg.graph import Graph
 from rpeg.runtime.config import RuntimeConfig
+from rpeg.runtime.hf import save_policy
 from rpeg.runtime.outputs import ProgressBar, append_jsonl, load_latest, save_atomic, write_jsonl, write_outputs
 from rpeg.runtime.plan_check import check_plan
+from rpeg.runtime.models import prompt_ids
 from rpeg.runtime.roles import Roles, step_stages
 from rpeg.runtime.rollout import SamplingParams
 from rpeg.runtime.sft import prepare_model
@@ -163,6 +167,8 @@ class _Runner:
         self.groups = {s.name: graph.group(s.group) for s in graph.stages if s.group}
         self.t0 = time.time()
         self.records: list[Record] = []
+        self.model_path = model_path  # the folder the run started from: its config and tokenizer
+        self.saved: tuple[int, dict] = (-1, {})  # the last checkpoint's step and policy weights
 
     # ---- helpers -----------------------------------------------------------------------------------
     def _record(self, stage: str, step: int, span, group_of: str | None = None, microbatch: int = 0) -> None:
@@ -180,7 +186,7 @@ class _Runner:
         """Held-out accuracy of the policy: sampled as in training (what RL optimizes: the expected
         reward of one sample on unseen problems) and greedy."""
         problems = self.task.problems("test", self.rt.eval_size, seed=self.rt.seed + 99)
-        prompts = [self.tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
+        prompts = prompt_ids(self.tok, [p.prompt for p in problems], self.rt.chat)
         out = {}
         for name, params in (("sampled", SamplingParams(max_new_tokens=self.rt.max_new_tokens,
                                                         temperature=self.rt.temperature)),
@@ -231,7 +237,7 @@ class _Runner:
                    "task": rt.task, "torch": torch.__version__, "warmup": about["warmup"],
                    "wall_s": time.time() - about["started"], "device": rt.device}
         summary |= self._beside_prediction(timeline, about.get("cluster"))
-        files = write_outputs(rt.out, metrics, timeline, acc_before, acc_after, summary)
+        files = write_outputs(rt.out, metrics, timeline, acc_before, acc_after, summary) + [self.save_model()]
         return RunResult(metrics, timeline, acc_before, acc_after, rt.out, files, about["warmup"])
 
     # ---- checkpoints -------------------------------------------------------------------------------------
@@ -247,7 +253,17 @@ class _Runner:
                  # the measured timeline so far, on the run's own clock: a resumed run's timeline
                  # continues it (with the gap while it was down) instead of starting over
                  "timeline": {"t0": self.t0, "records": [r for r in self.records if r.step < step]}}
-        save_atomic(os.path.join(self.rt.out, "checkpoints"), step, state, self.rt.keep_checkpoints)
+        weights = state["actor"]["model"]
+        save_atomic(os.path.join(self.rt.out, "checkpoints"), step, state, self.rt.keep_checkpoints,
+                    extra=lambda tmp: save_policy(weights, self.model_path, os.path.join(tmp, "model")))
+        self.saved = (step, weights)
+
+    def save_model(self) -> str:
+        """The policy as it ends the run, as a Hugging Face folder: `out`/model."""
+        step, weights = self.saved
+        if step != self.rt.steps:
+            weights = self.roles.states()["actor"]["model"]
+        return save_policy(weights, self.model_path, os.path.join(self.rt.out, "model"))
 
     def _restore(self, state: dict) -> None:
         if "timeline" in state:

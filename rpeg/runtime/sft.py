@@ -31,6 +31,7 @@ import torch
 
 from rpeg.runtime.config import RuntimeConfig
 from rpeg.runtime.outputs import WarmupBar
+from rpeg.runtime.models import prompt_ids
 from rpeg.runtime.rollout import HFEngine, SamplingParams
 from rpeg.tasks.base import Problem
 
@@ -51,7 +52,8 @@ class WarmupResult:
 
 def supervised_warmup(model, tokenizer, problems: list[Problem], *, steps: int, lr: float, batch: int, seed: int,
                       target: float = 0.0, check: Callable[[], float] | None = None, check_every: int = 20,
-                      on_step: Callable[[int, float, float | None], None] | None = None) -> WarmupResult:
+                      on_step: Callable[[int, float, float | None], None] | None = None,
+                      chat: bool = False) -> WarmupResult:
     """Train on prompt + answer + <eos> with the loss on the answer tokens. With `target > 0`,
     `check()` (the dev accuracy) runs every `check_every` steps and the warm-up stops once it is
     >= `target`; `on_step(step, loss, dev accuracy or None)` reports every step (a progress bar)."""
@@ -65,8 +67,7 @@ def supervised_warmup(model, tokenizer, problems: list[Problem], *, steps: int, 
     decay = (lambda s: 1.0) if target > 0 else (lambda s: 1.0 - s / max(steps, 1))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, decay)
     encoded = []
-    for p in problems:
-        prompt = tokenizer(p.prompt, add_special_tokens=False)["input_ids"]
+    for p, prompt in zip(problems, prompt_ids(tokenizer, [p.prompt for p in problems], chat)):
         answer = tokenizer(p.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         encoded.append((prompt, answer))
     model.train()
@@ -127,7 +128,7 @@ def prepare_model(rt: RuntimeConfig, task, out: str, resume: bool, progress: boo
         try:
             result = supervised_warmup(model, tok, train, steps=rt.warmup_sft_steps, lr=rt.sft_lr,
                                        batch=rt.sft_batch, seed=rt.seed, target=rt.warmup_target,
-                                       check_every=rt.warmup_check_every, on_step=bar.update,
+                                       check_every=rt.warmup_check_every, on_step=bar.update, chat=rt.chat,
                                        check=lambda: _accuracy(model, tok, task, dev, rt))
         finally:
             bar.close()
@@ -146,7 +147,7 @@ def _accuracy(model, tok, task, problems: list, rt: RuntimeConfig) -> float:
     """Sampled accuracy of `model` on `problems`, as the rollout samples (temperature, length)."""
 
     engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id)
-    prompts = [tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
+    prompts = prompt_ids(tok, [p.prompt for p in problems], rt.chat)
     params = SamplingParams(max_new_tokens=rt.max_new_tokens, temperature=rt.temperature)
     responses, _ = engine.generate(prompts, params, rt.seed + 4243)
     return task.accuracy(problems, tok.batch_decode(responses, skip_special_tokens=True))

@@ -18,6 +18,7 @@ from rpeg.runtime import algos, filters
 from rpeg.runtime.batch import Batch, build_batch
 from rpeg.runtime.config import RuntimeConfig
 from rpeg.runtime.roles import Roles, StepStages, joined, shards
+from rpeg.runtime.models import prompt_ids
 from rpeg.runtime.rollout import SamplingParams
 
 
@@ -101,7 +102,7 @@ class Steps:
         micro-batches; one part when nothing streams), each split over the engines."""
         problems = self.problems(step)
         n = self.job.samples_per_prompt
-        ids = [self.tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
+        ids = prompt_ids(self.tok, [p.prompt for p in problems], self.rt.chat)
         prompts = [x for x in ids for _ in range(n)]
         params = SamplingParams(max_new_tokens=self.rt.max_new_tokens, temperature=self.rt.temperature)
         seed = self.rt.seed * 7919 + step * 31

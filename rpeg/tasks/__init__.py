@@ -14,8 +14,9 @@ from rpeg.tasks.arithmetic import Arithmetic
 from rpeg.tasks.base import EOS, Problem, Task
 from rpeg.tasks.countdown import Countdown
 from rpeg.tasks.gsm8k import GSM8K
+from rpeg.tasks.word_problems import WordProblems
 
-TASKS: dict[str, type[Task]] = {t.name: t for t in (Arithmetic, Countdown, GSM8K)}
+TASKS: dict[str, type[Task]] = {t.name: t for t in (Arithmetic, Countdown, GSM8K, WordProblems)}
 
 
 def get_task(name: str, **options) -> Task:
@@ -30,4 +31,4 @@ def get_task(name: str, **options) -> Task:
     return cls(**options)
 
 
-__all__ = ["EOS", "GSM8K", "TASKS", "Arithmetic", "Countdown", "Problem", "Task", "get_task"]
+__all__ = ["EOS", "GSM8K", "TASKS", "Arithmetic", "Countdown", "Problem", "Task", "WordProblems", "get_task"]

@@ -68,12 +68,7 @@ class GSM8K(Task):
         return self._take(self._splits[split], split, n, seed)
 
     def extract(self, response: str) -> str | None:
-        text = cut(response, (EOS,))
-        boxed = last_boxed(text)
-        if boxed:
-            return boxed
-        numbers = NUMBER.findall(text)
-        return numbers[-1].replace(",", "") if numbers else None
+        return extract_answer(cut(response, (EOS,)))
 
     def is_correct(self, problem: Problem, response: str) -> bool:
         given = self.extract(response)
@@ -111,6 +106,15 @@ def load_jsonl(path: str, template: str = "{question}") -> list[Problem]:
     if not problems:
         raise RpegError(f"gsm8k: {path} holds no problems")
     return list(problems.values())
+
+
+def extract_answer(text: str) -> str | None:
+    """The answer `text` states: its last `\\boxed{...}`, else its last number (commas removed)."""
+    boxed = last_boxed(text)
+    if boxed:
+        return boxed
+    numbers = NUMBER.findall(text)
+    return numbers[-1].replace(",", "") if numbers else None
 
 
 def gold_answer(answer: str) -> str:

@@ -17,7 +17,7 @@ from rpeg.runtime.models import CHARS  # the tiny character-level tokenizer's al
 from rpeg.tasks import TASKS, Problem, Task, get_task
 
 NAMES = sorted(TASKS)
-SIZES = {"arithmetic": 40, "countdown": 40, "gsm8k": 1}  # the gsm8k sample holds 7 train, 1 test
+SIZES = {"arithmetic": 40, "countdown": 40, "gsm8k": 1, "word_problems": 40}  # the gsm8k sample holds 7 train, 1 test
 
 
 def sample(task: Task, split: str, seed: int = 0) -> list[Problem]:
@@ -25,14 +25,14 @@ def sample(task: Task, split: str, seed: int = 0) -> list[Problem]:
 
 
 def test_registry_names_every_task():
-    assert NAMES == ["arithmetic", "countdown", "gsm8k"]
+    assert NAMES == ["arithmetic", "countdown", "gsm8k", "word_problems"]
     for name in NAMES:
         task = get_task(name)
         assert isinstance(task, TASKS[name]) and task.name == name
 
 
 def test_unknown_task_names_it_and_the_known_ones():
-    with pytest.raises(RpegError, match=r"unknown task 'gsm9k' \(known: arithmetic, countdown, gsm8k\)"):
+    with pytest.raises(RpegError, match=r"unknown task 'gsm9k' \(known: arithmetic, countdown, gsm8k, word_problems\)"):
         get_task("gsm9k")
 
 

