@@ -32,9 +32,9 @@ from rpeg.errors import RpegError
 from rpeg.graph import Graph
 from rpeg.runtime.config import RuntimeConfig
 from rpeg.runtime.hf import save_policy
+from rpeg.runtime.models import prompt_ids
 from rpeg.runtime.outputs import ProgressBar, append_jsonl, load_latest, save_atomic, write_jsonl, write_outputs
 from rpeg.runtime.plan_check import check_plan
-from rpeg.runtime.models import prompt_ids
 from rpeg.runtime.roles import Roles, step_stages
 from rpeg.runtime.rollout import SamplingParams
 from rpeg.runtime.sft import prepare_model

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import torch
 
 from rpeg.runtime.config import RuntimeConfig
-from rpeg.runtime.outputs import WarmupBar
 from rpeg.runtime.models import prompt_ids
+from rpeg.runtime.outputs import WarmupBar
 from rpeg.runtime.rollout import HFEngine, SamplingParams
 from rpeg.tasks.base import Problem
 

@@ -17,8 +17,8 @@ from rpeg.graph import Graph
 from rpeg.runtime import algos, filters
 from rpeg.runtime.batch import Batch, build_batch
 from rpeg.runtime.config import RuntimeConfig
-from rpeg.runtime.roles import Roles, StepStages, joined, shards
 from rpeg.runtime.models import prompt_ids
+from rpeg.runtime.roles import Roles, StepStages, joined, shards
 from rpeg.runtime.rollout import SamplingParams
 
 

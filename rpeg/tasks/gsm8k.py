@@ -40,12 +40,28 @@ MATH_VERIFY_TIMEOUT_S = 5
 
 
 @dataclass(frozen=True, kw_only=True)
-class GSM8K(Task):
+class FinalAnswerTask(Task):
+    """Scoring by the final answer (GSM8K's): the last `\\boxed{...}` or else the last number, as an
+    exact decimal, then math-verify when that fails and `use_math_verify` is on."""
+
+    use_math_verify: bool = True
+
+    def extract(self, response: str) -> str | None:
+        return extract_answer(cut(response, (EOS,)))
+
+    def is_correct(self, problem: Problem, response: str) -> bool:
+        given = self.extract(response)
+        if given is not None and same_number(given, problem.answer):
+            return True
+        return self.use_math_verify and math_verified(problem.answer, cut(response, (EOS,)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class GSM8K(FinalAnswerTask):
     name = "gsm8k"
     path: str = SAMPLE  # JSONL; the train split, or both splits when there is no test_path
     test_path: str | None = None
     template: str = "{question}"  # the prompt; {question} is the problem's text
-    use_math_verify: bool = True
     _splits: dict[str, list[Problem]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -66,16 +82,6 @@ class GSM8K(Task):
     def problems(self, split: str, n: int, seed: int = 0) -> list[Problem]:
         self._check_request(split, n)
         return self._take(self._splits[split], split, n, seed)
-
-    def extract(self, response: str) -> str | None:
-        return extract_answer(cut(response, (EOS,)))
-
-    def is_correct(self, problem: Problem, response: str) -> bool:
-        given = self.extract(response)
-        if given is not None and same_number(given, problem.answer):
-            return True
-        return self.use_math_verify and math_verified(problem.answer, cut(response, (EOS,)))
-
 
 def load_jsonl(path: str, template: str = "{question}") -> list[Problem]:
     """Problems from a GSM8K-style JSONL file; every defect is an RpegError naming file and line."""

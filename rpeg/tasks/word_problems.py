@@ -25,8 +25,8 @@ import random
 from dataclasses import dataclass
 
 from rpeg.errors import RpegError
-from rpeg.tasks.base import EOS, Problem, Task, cut
-from rpeg.tasks.gsm8k import extract_answer, math_verified, same_number
+from rpeg.tasks.base import Problem
+from rpeg.tasks.gsm8k import FinalAnswerTask
 
 PEOPLE = (("Maya", "she", "her"), ("Liam", "he", "his"), ("Ava", "she", "her"), ("Noah", "he", "his"),
           ("Zoe", "she", "her"), ("Omar", "he", "his"), ("Lena", "she", "her"), ("Ravi", "he", "his"))
@@ -36,12 +36,11 @@ OTHERS = ("a friend", "{pos} brother", "{pos} sister", "a neighbor", "{pos} teac
 
 
 @dataclass(frozen=True, kw_only=True)
-class WordProblems(Task):
+class WordProblems(FinalAnswerTask):
     name = "word_problems"
     max_steps: int = 2  # operations after the first sentence: each problem has 1..max_steps of them
     max_number: int = 20  # the largest number a sentence states
     template: str = "{question}"  # the prompt; {question} is the problem's text
-    use_math_verify: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -96,12 +95,3 @@ class WordProblems(Task):
         question = " ".join(text + [ask])
         prompt = self.template.replace("{question}", question)
         return "|".join(key), Problem(prompt, str(amount), {"question": question})
-
-    def extract(self, response: str) -> str | None:
-        return extract_answer(cut(response, (EOS,)))
-
-    def is_correct(self, problem: Problem, response: str) -> bool:
-        given = self.extract(response)
-        if given is not None and same_number(given, problem.answer):
-            return True
-        return self.use_math_verify and math_verified(problem.answer, cut(response, (EOS,)))

@@ -141,12 +141,12 @@ def test_rewards_score_the_final_answer(problem, use_math_verify):
 
 
 def test_exact_match_alone_never_calls_math_verify(problem, monkeypatch):
-    import rpeg.tasks.word_problems as wp
+    import rpeg.tasks.gsm8k as scoring  # word_problems scores as gsm8k does
 
     def refuse(*args):
         raise AssertionError("math-verify called with use_math_verify=False")
 
-    monkeypatch.setattr(wp, "math_verified", refuse)
+    monkeypatch.setattr(scoring, "math_verified", refuse)
     task = get_task("word_problems", use_math_verify=False)
     assert task.reward(problem, problem.answer) == 1.0
     assert task.reward(problem, str(int(problem.answer) + 1)) == 0.0
