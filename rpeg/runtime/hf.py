@@ -99,7 +99,10 @@ def save_policy(weights: dict, like: str, out: str) -> str:
 
     quiet()
     config = AutoConfig.from_pretrained(like)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # the skeleton's random init must not draw from the run's generator: a checkpoint would change
+    # every later step's samples (the driver's RNG state is part of the run)
+    with torch.random.fork_rng(devices=[]):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     own = set(model.state_dict())
     if set(weights) != own:
         raise RpegError(f"the trained weights do not match the model in {like!r}: "
