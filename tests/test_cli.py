@@ -66,6 +66,9 @@ def test_job_file_and_passes(capsys, tmp_path):
     (["frobnicate"], "invalid choice"),
     (["train", DEMO, "--steps", "0"], "steps = 0 must be positive"),
     (["train", DEMO, "--threads", "-1"], "threads = -1 must be >= 0"),
+    (["model", "convert", "nope.gguf", "--out", "x"], "no such GGUF file: nope.gguf"),
+    (["model", "convert", "smollm2"], "--out"),
+    (["model"], "model_command"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
     code, out, err = run(capsys, *argv)
@@ -87,6 +90,9 @@ def test_bad_job_files(capsys, tmp_path):
     assert code == 2 and "tp = 3 does not divide the 32 attention heads" in err
     code, _, err = run(capsys, "show", str(tmp_path / "missing.yaml"))
     assert code == 2 and "cannot read" in err
+    bad.write_text("algorithm: grpo\nmodel: tiny-qwen2\nruntime: {steps: 0}\n")
+    code, _, err = run(capsys, "train", str(bad))
+    assert code == 2 and err == "rpeg: error: runtime: steps = 0 must be positive\n"  # the place named once
 
 
 def test_listings(capsys):

@@ -137,7 +137,8 @@ def _dataclass_from(cls: type, data: Any, where: str) -> Any:
     try:
         return cls(**kwargs)
     except RpegError as e:
-        raise RpegError(f"{where}: {e}" if where else str(e)) from None
+        named = not where or str(e).startswith(f"{where}:")  # the class's own message may name its place already
+        raise RpegError(str(e) if named else f"{where}: {e}") from None
 
 
 def _join(where: str, key: str) -> str:

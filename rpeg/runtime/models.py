@@ -68,8 +68,8 @@ def load(path: str, dtype=None):
 
     quiet()
     if not os.path.isdir(path):
-        raise RpegError(f"model folder {path!r} does not exist (build the tiny one with model: tiny, or give a "
-                        "local Hugging Face folder)")
+        raise RpegError(f"model folder {path!r} does not exist (model_path: tiny builds the tiny model; a GGUF file "
+                        "becomes a folder with `rpeg model convert`, e.g. `make smollm2`)")
     if not os.path.exists(os.path.join(path, "config.json")):
         raise RpegError(f"model folder {path!r} has no config.json: not a Hugging Face model folder")
     try:

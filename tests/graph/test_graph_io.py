@@ -157,7 +157,7 @@ def test_not_a_mapping():
     (lambda d: d["stages"][0].update(reads="prompt_ids"), "stages[0].reads: expected a list, got 'prompt_ids'"),
     (lambda d: d["stages"][0].update(reads=[1]), "stages[0].reads[0]: expected a string, got 1"),
     (lambda d: d["models"][0]["spec"].update(kv_heads=5), "models[0].spec: model 'llama-3.1-8B': heads = 32"),
-    (lambda d: d["job"].update(prompts=0), "job: job: prompts = 0 must be positive"),
+    (lambda d: d["job"].update(prompts=0), "job: prompts = 0 must be positive"),
     (lambda d: d.pop("algorithm"), "algorithm: missing (required by Graph)"),
     (lambda d: d.update(job=[1, 2]), "job: expected a mapping for Job, got [1, 2]"),
     (lambda d: d.update(fusion=[["generate", 3]]), "fusion[0][1]: expected a string, got 3"),
@@ -168,6 +168,8 @@ def test_bad_values_name_the_path(mutate, words):
     with pytest.raises(RpegError) as err:
         _load(data)
     assert words in str(err.value)
+    place = words.split(":")[0]
+    assert f"{place}: {place}:" not in str(err.value)  # a place is named once
     assert not isinstance(err.value, VerificationError)
 
 
