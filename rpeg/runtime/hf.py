@@ -75,8 +75,7 @@ def convert_gguf(src: str, out: str) -> dict:
     data.pop("quantization_config", None)
     data.pop("_name_or_path", None)
     config = AutoConfig.for_model(**data)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict(), strict=True)
+    model = _plain(config, loaded.state_dict())
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     with open(path, "rb") as fh:
@@ -92,25 +91,38 @@ def convert_gguf(src: str, out: str) -> dict:
 
 def save_policy(weights: dict, like: str, out: str) -> str:
     """`weights` as a Hugging Face folder at `out` with the config and tokenizer of the folder `like`."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from rpeg.runtime.models import quiet
 
     quiet()
-    config = AutoConfig.from_pretrained(like)
-    # the skeleton's random init must not draw from the run's generator: a checkpoint would change
-    # every later step's samples (the driver's RNG state is part of the run)
-    with torch.random.fork_rng(devices=[]):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    own = set(model.state_dict())
-    if set(weights) != own:
-        raise RpegError(f"the trained weights do not match the model in {like!r}: "
-                        f"{sorted(set(weights) ^ own)[:4]}")
-    model.load_state_dict({k: v.float() for k, v in weights.items()}, strict=True)
+    model = _plain(AutoConfig.from_pretrained(like), weights, like)
     tok = AutoTokenizer.from_pretrained(like)
     _write_whole(out, lambda tmp: (model.save_pretrained(tmp, safe_serialization=True), tok.save_pretrained(tmp)))
     return out
+
+
+def copy_folder(src: str, out: str) -> str:
+    """A model folder written already (a checkpoint's) at `out` too, appearing whole or not at all."""
+    _write_whole(out, lambda tmp: shutil.copytree(src, tmp))
+    return out
+
+
+def _plain(config, weights: dict, like: str = ""):
+    """A model of `config` holding `weights` (float32) and nothing else: its skeleton is built on the meta
+    device, so no random init runs (seconds for a real model, and a draw from the run's generator,
+    which a checkpoint records and later steps use); tied embeddings are tied again."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    own = set(model.state_dict())
+    if set(weights) != own:
+        raise RpegError(f"the trained weights do not match the model in {like!r}: {sorted(set(weights) ^ own)[:4]}")
+    model.load_state_dict({k: v.float() for k, v in weights.items()}, strict=True, assign=True)
+    model.tie_weights()
+    return model
 
 
 def _write_whole(out: str, write) -> None:

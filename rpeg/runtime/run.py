@@ -31,7 +31,7 @@ import torch
 from rpeg.errors import RpegError
 from rpeg.graph import Graph
 from rpeg.runtime.config import RuntimeConfig
-from rpeg.runtime.hf import save_policy
+from rpeg.runtime.hf import copy_folder, save_policy
 from rpeg.runtime.models import prompt_ids
 from rpeg.runtime.outputs import ProgressBar, append_jsonl, load_latest, save_atomic, write_jsonl, write_outputs
 from rpeg.runtime.plan_check import check_plan
@@ -168,7 +168,7 @@ class _Runner:
         self.t0 = time.time()
         self.records: list[Record] = []
         self.model_path = model_path  # the folder the run started from: its config and tokenizer
-        self.saved: tuple[int, dict] = (-1, {})  # the last checkpoint's step and policy weights
+        self.checkpointed = -1  # the step of the last checkpoint this run wrote
 
     # ---- helpers -----------------------------------------------------------------------------------
     def _record(self, stage: str, step: int, span, group_of: str | None = None, microbatch: int = 0) -> None:
@@ -253,17 +253,17 @@ class _Runner:
                  # the measured timeline so far, on the run's own clock: a resumed run's timeline
                  # continues it (with the gap while it was down) instead of starting over
                  "timeline": {"t0": self.t0, "records": [r for r in self.records if r.step < step]}}
-        weights = state["actor"]["model"]
         save_atomic(os.path.join(self.rt.out, "checkpoints"), step, state, self.rt.keep_checkpoints,
-                    extra=lambda tmp: save_policy(weights, self.model_path, os.path.join(tmp, "model")))
-        self.saved = (step, weights)
+                    extra=lambda tmp: save_policy(state["actor"]["model"], self.model_path, os.path.join(tmp, "model")))
+        self.checkpointed = step
 
     def save_model(self) -> str:
-        """The policy as it ends the run, as a Hugging Face folder: `out`/model."""
-        step, weights = self.saved
-        if step != self.rt.steps:
-            weights = self.roles.states()["actor"]["model"]
-        return save_policy(weights, self.model_path, os.path.join(self.rt.out, "model"))
+        """The policy as it ends the run, as a Hugging Face folder: `out`/model (a copy of the last
+        checkpoint's when this run wrote one of the last step; else gathered from the trainer now)."""
+        out = os.path.join(self.rt.out, "model")
+        if self.checkpointed == self.rt.steps:
+            return copy_folder(os.path.join(self.rt.out, "checkpoints", f"step-{self.rt.steps:06d}", "model"), out)
+        return save_policy(self.roles.states()["actor"]["model"], self.model_path, out)
 
     def _restore(self, state: dict) -> None:
         if "timeline" in state:
