@@ -40,8 +40,8 @@ from rpeg.errors import RpegError
 from rpeg.graph import Job, ParallelLayout
 from rpeg.graph.serde import from_data, parse_yaml
 from rpeg.interop.common import (
-    defaults_of, hf_name, resize,
-    Exported, Imported, Notes, PlanView, config_tuple, model_preset, response_of, stage_names, unshare,
+    defaults_of, hf_name, one_pass_each, resize,
+    Exported, Imported, Notes, PlanView, config_tuple, model_preset, response_of, stage_names,
 )
 
 SYSTEM = "areal"
@@ -273,15 +273,8 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
     if v.reward is not None:
         raise RpegError("AReaL's experiment configs take a reward function, not a reward model; export a plan with "
                         "a rule reward")
-    if v.share:
-        lines.append("critic shared with the actor: AReaL trains a separate critic model")
-        v = unshare(v)
-    if v.fusion:
-        lines.append("fused stages: AReaL runs each pass on its own")
-        v = v.replace(fusion=())
-    if v.streams:
-        lines.append("streaming micro-batches: AReaL hands each stage its whole batch")
-        v = v.replace(streams=())
+    v, more = one_pass_each(v, "AReaL")
+    lines += more
     where = dict(v.assign)
     gen_group = where["generate"]
     train_group = where["actor_update"]

@@ -500,6 +500,24 @@ def unshare(view: PlanView) -> PlanView:
 
 # ---- what the exporters share ------------------------------------------------------------------------
 
+def one_pass_each(view: PlanView, system: str) -> tuple[PlanView, list[str]]:
+    """`view` as a peer that runs every model pass on its own runs it: the critic a model of its own,
+    no fused stages, no streamed micro-batches; one line for each of them left out."""
+    lines: list[str] = []
+    v = view
+    if v.share:
+        lines.append(f"critic shared with the actor: {system} trains a separate critic model (same architecture here)")
+        v = unshare(v)
+    if v.fusion:
+        lines.append("fused stages (" + "; ".join("+".join(f) for f in v.fusion) + f"): {system} runs each pass on "
+                     "its own")
+        v = v.replace(fusion=())
+    if v.streams:
+        lines.append(f"streaming in {v.streams[0][2]} micro-batches: {system} hands each stage the whole batch")
+        v = v.replace(streams=())
+    return v, lines
+
+
 def defaults_of(algorithm: str) -> dict[str, Any]:
     """Every option of the algorithm's defaults."""
     return algo_options(get_algorithm(algorithm).default)

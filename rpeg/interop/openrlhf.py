@@ -49,8 +49,8 @@ from rpeg.errors import RpegError
 from rpeg.graph import Job, ParallelLayout
 from rpeg.graph.serde import from_data
 from rpeg.interop.common import (
-    colocate_all, defaults_of, hf_name, resize,
-    Exported, Imported, Notes, PlanView, config_tuple, model_preset, response_of, script_command, stage_names, unshare,
+    colocate_all, defaults_of, hf_name, one_pass_each, resize,
+    Exported, Imported, Notes, PlanView, config_tuple, model_preset, response_of, script_command, stage_names,
 )
 
 SYSTEM = "openrlhf"
@@ -441,23 +441,12 @@ _ROLE = {"generate": "vllm", "generate_greedy": "vllm", "reward": "reward", "ref
 
 def project(view: PlanView) -> tuple[PlanView, list[str]]:
     """The plan as OpenRLHF can run it, and one line for each thing changed to get there."""
-    lines: list[str] = []
-    v = view
-    if v.algorithm not in ESTIMATORS.values() and v.algorithm != "dapo":
-        raise RpegError(f"OpenRLHF has no {v.algorithm} estimator to export to")
-    if v.algorithm == "dapo":
+    if view.algorithm not in ESTIMATORS.values() and view.algorithm != "dapo":
+        raise RpegError(f"OpenRLHF has no {view.algorithm} estimator to export to")
+    if view.algorithm == "dapo":
         raise RpegError("OpenRLHF's dynamic filtering needs a remote reward server (--reward.remote_url), which a "
                         "plan does not name; export dapo to verl or AReaL")
-    if v.share:
-        lines.append("critic shared with the actor: OpenRLHF trains a separate critic model (same architecture here)")
-        v = unshare(v)
-    if v.fusion:
-        lines.append("fused stages (" + "; ".join("+".join(f) for f in v.fusion) + "): OpenRLHF runs each pass on "
-                     "its own")
-        v = v.replace(fusion=())
-    if v.streams:
-        lines.append(f"streaming in {v.streams[0][2]} micro-batches: OpenRLHF hands each stage the whole batch")
-        v = v.replace(streams=())
+    v, lines = one_pass_each(view, "OpenRLHF")
     if v.reward is None and "reward" in dict(v.layouts):
         v = v.replace(layouts=tuple((s, lo) for s, lo in v.layouts if s != "reward"))
     # placement: engines + one group per model (or the colocations the flags allow)

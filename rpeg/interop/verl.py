@@ -59,7 +59,7 @@ from rpeg.graph import Job, ParallelLayout
 from rpeg.graph.serde import from_data, parse_yaml
 from rpeg.interop.common import (
     Exported, Imported, Notes, PlanView, config_tuple, model_preset, response_of, script_command, stage_names,
-    unshare,
+    one_pass_each,
 )
 from rpeg.interop.common import HF_NAMES, colocate_all, defaults_of, hf_name, resize  # noqa: F401 (HF_NAMES: the tests)
 
@@ -601,17 +601,7 @@ def _note_rest(cfg: dict[str, Any], used: set[str], notes: Notes, *, uses_ref: b
 
 def project(view: PlanView) -> tuple[PlanView, list[str]]:
     """The plan as verl can run it, and one line for each thing changed to get there."""
-    lines: list[str] = []
-    v = view
-    if v.share:
-        lines.append("critic shared with the actor: verl trains a separate critic model (same architecture here)")
-        v = unshare(v)
-    if v.fusion:
-        lines.append("fused stages (" + "; ".join("+".join(f) for f in v.fusion) + "): verl runs each pass on its own")
-        v = v.replace(fusion=())
-    if v.streams:
-        lines.append(f"streaming in {v.streams[0][2]} micro-batches: verl hands each stage the whole batch")
-        v = v.replace(streams=())
+    v, lines = one_pass_each(view, "verl")
     # placement: one pool (synchronous), or rollout pool + training pool (asynchronous)
     gen = [s for s, _ in v.assign if s.startswith("generate")]
     gen_groups = {dict(v.assign)[s] for s in gen}
