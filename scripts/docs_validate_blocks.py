@@ -1,11 +1,13 @@
-"""Re-run every `$ rpeg validate FILE` block of docs/perf.md and write its output in, so the
+"""Re-run every `$ rpeg validate FILE` block of a Markdown file and write its output in, so the
 tables in the docs are the model's current figures (a block whose first line is a `# ...` comment
-is a record of an earlier state and is left alone).
+is a record of an earlier state and is left alone), and rewrite the README's summary of the
+validation (between `<!-- validate-summary:start -->` and `<!-- validate-summary:end -->`) from the
+shipped validation files.
 
-    .venv/bin/python scripts/docs_validate_blocks.py docs/perf.md [--check]
+    .venv/bin/python scripts/docs_validate_blocks.py docs/perf.md README.md [--check]
 
-Relative paths in a block are taken from the repository root. --check exits 1 if a block differs
-(tests/test_docs_perf.py runs it that way).
+FILE is a path from the repository root or the name of a shipped file (`rpeg validate published`).
+--check exits 1 if a block or the summary differs (tests/test_docs_perf.py runs it that way).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"```\n\$ rpeg validate (\S+)\n(.*?)```", re.S)
+SUMMARY = re.compile(r"(<!-- validate-summary:start -->\n)(.*?)(<!-- validate-summary:end -->)", re.S)
 
 
 def output(path: str) -> str:
@@ -36,24 +39,88 @@ def output(path: str) -> str:
     return buf.getvalue().strip("\n") + "\n"
 
 
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _moe_ids(path: str) -> set[str]:
+    """The ids of a validation file's rl entries whose model is a mixture of experts."""
+    from rpeg.graph.serde import read_yaml_file
+    from rpeg.perf.validation import _model, _models
+
+    data = read_yaml_file(path)
+    models = _models(data.get("models"), path)
+    return {e["id"] for e in data.get("rl") or [] if _model(e["model"], models).experts}
+
+
+def summary() -> str:
+    """The README's paragraph on the validation, every figure computed from the shipped files."""
+    from rpeg.perf.validation import bundled, stage_mapes, validate_file
+    from rpeg.search.ratios import ratios_file, within
+
+    files = {name: str(path) for name, path in bundled().items()}
+    pub = validate_file(files["published"])
+    parts = []
+    for kind, label in (("training", "training"), ("rl", "RL")):
+        rows = [r for r in pub if r.kind == kind and r.fits]
+        errs = [abs(r.error) for r in rows]
+        under = sum(r.error < 0 for r in rows)
+        parts.append(f"{_pct(sum(errs) / len(errs))} on the {len(rows)} {label} entries (worst {_pct(max(errs))}, "
+                     f"{under} of {len(rows)} under-predicted)")
+    extra = [r for r in validate_file(files["nemo-rl-v0.5-extra"]) if r.fits]
+    extra_err = sum(abs(r.error) for r in extra) / len(extra)
+    extra_under = sum(r.error < 0 for r in extra)
+    moe = _moe_ids(files["nemo-rl-v0.5-extra"])
+    by_kind = {k: [abs(r.error) for r in extra if (r.id in moe) == (k == "moe")] for k in ("moe", "dense")}
+    v03 = validate_file(files["nemo-rl-v0.3-stages"])
+    steps = sum(abs(r.error) for r in v03 if r.fits) / sum(r.fits for r in v03)
+    st = stage_mapes(v03)
+    ratios = ratios_file(files["peer-ratios"])
+    return (
+        f"`rpeg validate published` (Megatron-LM training iterations from Korthikanti et al. 2022, NeMo-RL v0.5 "
+        f"GRPO steps), with one global set of efficiency factors: mean absolute error {parts[0]} and {parts[1]}. "
+        f"On the {len(extra)} held-out NeMo-RL rows (`rpeg validate nemo-rl-v0.5-extra`) it is {_pct(extra_err)}, "
+        f"{extra_under} of {len(extra)} under-predicted ({_pct(sum(by_kind['moe']) / len(by_kind['moe']))} on the "
+        f"{len(by_kind['moe'])} mixture-of-experts rows, {_pct(sum(by_kind['dense']) / len(by_kind['dense']))} on the "
+        f"{len(by_kind['dense'])} dense ones). On the {len(v03)} "
+        f"NeMo-RL v0.3 steps with a published split per stage (`rpeg validate nemo-rl-v0.3-stages`) the step "
+        f"error is {_pct(steps)} and the stage error {_pct(st['all'])} (generation {_pct(st['generation'])}, "
+        f"logprobs {_pct(st['logprobs'])}, training {_pct(st['training'])}, refit {_pct(st['refit'])}). Of the "
+        f"{len(ratios)} published comparisons between systems (`rpeg validate peer-ratios`: HybridFlow, ReaL, "
+        f"verl fully_async), {len(within(ratios))} are predicted within 0.75-1.33x of the published ratio. "
+        "[docs/perf.md](docs/perf.md) has the tables and what dominates each error; `rpeg validate --all` "
+        "prints them all. (This paragraph is written by `scripts/docs_validate_blocks.py`, and a test "
+        "checks it is current.)\n")
+
+
 def refresh(text: str) -> str:
-    return BLOCK.sub(lambda m: f"```\n$ rpeg validate {m.group(1)}\n{output(m.group(1))}```", text)
+    text = BLOCK.sub(lambda m: f"```\n$ rpeg validate {m.group(1)}\n{output(m.group(1))}```", text)
+    if SUMMARY.search(text):
+        new = summary()
+        text = SUMMARY.sub(lambda m: m.group(1) + new + m.group(3), text)
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("doc")
+    ap.add_argument("docs", nargs="+")
     ap.add_argument("--check", action="store_true", help="do not write; exit 1 if a block is stale")
     args = ap.parse_args(argv)
-    text = pathlib.Path(args.doc).read_text(encoding="utf-8")
-    new = refresh(text)
-    if args.check:
+    code = 0
+    for doc in args.docs:
+        text = pathlib.Path(doc).read_text(encoding="utf-8")
+        new = refresh(text)
+        if not args.check:
+            pathlib.Path(doc).write_text(new, encoding="utf-8")
+            continue
         stale = [m.group(1) for m, n in zip(BLOCK.finditer(text), BLOCK.finditer(new)) if m.group(0) != n.group(0)]
+        if (s := SUMMARY.search(text)) and s.group(0) != SUMMARY.search(new).group(0):
+            stale.append("the validation summary")
         for s in stale:
-            print(f"{args.doc}: the block of `rpeg validate {s}` is stale", file=sys.stderr)
-        return 1 if stale else 0
-    pathlib.Path(args.doc).write_text(new, encoding="utf-8")
-    return 0
+            print(f"{doc}: {s if s.startswith('the ') else f'the block of `rpeg validate {s}`'} is stale",
+                  file=sys.stderr)
+        code = code or (1 if stale else 0)
+    return code
 
 
 if __name__ == "__main__":

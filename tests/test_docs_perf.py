@@ -23,4 +23,18 @@ def test_every_validate_block_in_the_docs_is_the_current_output():
 
     text = DOC.read_text()
     assert docs_validate_blocks.BLOCK.search(text), "no validate block found"
-    assert docs_validate_blocks.refresh(text) == text, "run scripts/docs_validate_blocks.py docs/perf.md"
+    assert docs_validate_blocks.refresh(text) == text, "run scripts/docs_validate_blocks.py docs/perf.md README.md"
+
+
+def test_the_readme_summary_of_the_validation_is_current():
+    """README's paragraph on the validation (its error figures, counts and ratios) is what
+    scripts/docs_validate_blocks.py computes from the shipped files now."""
+    import sys
+
+    sys.path.insert(0, str(DOC.parents[1] / "scripts"))
+    import docs_validate_blocks
+
+    text = (DOC.parents[1] / "README.md").read_text()
+    found = docs_validate_blocks.SUMMARY.search(text)
+    assert found, "README has no validate-summary block"
+    assert found.group(2) == docs_validate_blocks.summary(), "run scripts/docs_validate_blocks.py docs/perf.md README.md"

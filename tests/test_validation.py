@@ -1,5 +1,7 @@
-"""The performance model against published measurements (shared/validation/published.yaml),
-with the issue's tolerances, and acceptance of every field of that file's schema."""
+"""The performance model against published measurements (rpeg/data/validation/published.yaml),
+with the issue's tolerances, acceptance of every field of that file's schema, and the shipped
+validation files themselves: each has its sources, `rpeg validate NAME` finds it, and nothing in
+the repository reaches outside it for data."""
 
 import json
 import math
@@ -9,17 +11,15 @@ import pytest
 
 from rpeg.cli import main
 from rpeg.errors import RpegError
-from rpeg.perf.validation import summary, validate_file
+from rpeg.perf.validation import BUNDLED_DIR, bundled, summary, validate_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PUBLISHED = ROOT.parent / "shared" / "validation" / "published.yaml"
-EXTRA = ROOT / "tests" / "data" / "nemo-rl-v0.5-extra.yaml"
+PUBLISHED = bundled()["published"]
+EXTRA = bundled()["nemo-rl-v0.5-extra"]
 
 
 @pytest.fixture(scope="module")
 def published():
-    if not PUBLISHED.exists():
-        pytest.skip(f"{PUBLISHED} is not beside this checkout")
     return validate_file(str(PUBLISHED))
 
 
@@ -119,3 +119,79 @@ def test_validate_cli_errors_are_one_line(capsys, tmp_path):
     assert main(["validate", str(f)]) == 2
     err = capsys.readouterr().err
     assert "malformed YAML" in err and err.count("\n") == 1
+
+
+def test_the_shipped_files_are_the_four_with_a_sources_section_each():
+    assert sorted(bundled()) == ["nemo-rl-v0.3-stages", "nemo-rl-v0.5-extra", "peer-ratios", "published"]
+    sources = (BUNDLED_DIR / "SOURCES.md").read_text(encoding="utf-8")
+    for path in bundled().values():
+        assert f"## {path.name}\n" in sources, path.name
+        assert "SOURCES.md" in path.read_text(encoding="utf-8"), f"{path.name} does not point to its sources"
+
+
+def test_the_shipped_files_are_package_data():
+    """A pip-installed rpeg has them: pyproject's package-data names the folder's files."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert '"data/validation/*.yaml"' in text and '"data/validation/*.md"' in text
+
+
+@pytest.mark.parametrize("name", ["published", "published.yaml"])
+def test_validate_takes_a_shipped_name(capsys, monkeypatch, tmp_path, name):
+    monkeypatch.chdir(tmp_path)  # no file of that name here: the shipped one is read
+    assert main(["validate", name, "--json"]) == 0
+    ids = [e["id"] for e in json.loads(capsys.readouterr().out)["entries"]]
+    assert ids == [r.id for r in validate_file(str(PUBLISHED))]
+
+
+def test_a_users_file_wins_over_a_shipped_name(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "published").write_text(SCHEMA)
+    assert main(["validate", "published", "--json"]) == 0
+    assert [e["id"] for e in json.loads(capsys.readouterr().out)["entries"]][0] == "t-a100"
+
+
+def test_validate_all_runs_every_shipped_file(capsys):
+    code = main(["validate", "--all", "--json"])
+    files = json.loads(capsys.readouterr().out)["files"]
+    assert code == 0
+    assert sorted(files) == sorted(bundled())
+    assert len(files["published"]["entries"]) == 11 and len(files["nemo-rl-v0.5-extra"]["entries"]) == 10
+    assert files["peer-ratios"]["ratios"] and not files["peer-ratios"]["entries"]
+
+
+def test_validate_all_prints_a_heading_per_file(capsys):
+    assert main(["validate", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith("== ")] == [
+        f"== {name} ({path.name}) ==" for name, path in bundled().items()]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["validate"], "not neither"),
+    (["validate", "published", "--all"], "not both"),
+    (["validate", "nonesuch"], "ships no validation file of that name (nemo-rl-v0.3-stages, nemo-rl-v0.5-extra, "),
+    (["validate", "no/such.yaml"], "cannot read no/such.yaml"),
+])
+def test_validate_names_are_checked(capsys, argv, needle):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+
+
+def test_nothing_in_the_repository_reads_outside_it():
+    """A user's clone has no sibling folders: no file of the project may name our own notes folder.
+    It walks the tree rather than asking git, as CI's bare copy of the tracked files has no .git."""
+    import os
+
+    skip = {".git", "__pycache__", ".pytest_cache", ".hypothesis", "rpeg-out", "build", "dist", "models"}
+    needle = "../" + "shared"  # written in two parts so that this file does not match itself
+    hits, seen = [], 0
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in skip and not d.startswith(".venv") and not d.endswith(".egg-info")]
+        for name in files:
+            path = pathlib.Path(folder, name)
+            text = path.read_bytes().decode("utf-8", "replace")
+            seen += 1
+            hits += [f"{path.relative_to(ROOT)}:{i}" for i, line in enumerate(text.splitlines(), 1) if needle in line]
+    assert seen > 100
+    assert not hits, hits

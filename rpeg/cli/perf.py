@@ -17,8 +17,12 @@ def add_parsers(sub) -> None:
     pr.add_argument("--gpus", type=count(1, MAX_GPUS), help="devices to use (default: the job file's, else one node)")
     pr.add_argument("--json", action="store_true", help="print JSON")
     pr.set_defaults(fn=cmd_predict)
+    from rpeg.perf.validation import bundled
+
     va = sub.add_parser("validate", help="predicted vs measured for a file of published measurements")
-    va.add_argument("file", help="a YAML file of the schema of shared/validation/published.yaml")
+    va.add_argument("file", nargs="?", help="a validation YAML file, or the name of one RPEG ships: "
+                                            + ", ".join(bundled()) + " (rpeg/data/validation, sources in SOURCES.md)")
+    va.add_argument("--all", action="store_true", help="every validation file RPEG ships, one after another")
     va.add_argument("--json", action="store_true", help="print JSON")
     va.set_defaults(fn=cmd_validate)
     sub.add_parser("hardware", help="device and cluster presets").set_defaults(fn=cmd_hardware)
@@ -96,17 +100,43 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from rpeg.errors import RpegError
+    from rpeg.perf.validation import bundled, resolve
+
+    if args.all == (args.file is not None):
+        raise RpegError("validate: name one file (a path, or one RPEG ships: " + ", ".join(bundled())
+                        + ") or give --all, not " + ("both" if args.all else "neither"))
+    if not args.all:
+        code, report = _validate(resolve(args.file), args.json)
+        if args.json:
+            print_json(report)
+        return code
+    codes, reports = [], {}
+    for i, (name, path) in enumerate(bundled().items()):
+        if not args.json:
+            print(("\n" if i else "") + f"== {name} ({path.name}) ==")
+        code, reports[name] = _validate(str(path), args.json)
+        codes.append(code)
+    if args.json:
+        print_json({"files": reports})
+    return max(codes)
+
+
+def _validate(path: str, as_json: bool) -> tuple[int, dict | None]:
+    """One validation file: the exit code (3 when a measured run is predicted not to fit) and, with
+    `as_json`, the report as a dict (else it is printed)."""
     from rpeg.graph.serde import read_yaml_file
     from rpeg.perf.validation import stage_mapes, summary, validate_data
     from rpeg.search.ratios import ratios_data
 
-    data = read_yaml_file(args.file)  # once: both sections' readers take the parsed file
-    results = validate_data(data, args.file)
-    ratios = ratios_data(data, args.file)
+    data = read_yaml_file(path)  # once: both sections' readers take the parsed file
+    results = validate_data(data, path)
+    ratios = ratios_data(data, path)
     mapes = summary(results)
     by_stage = stage_mapes(results)
     unfit = [r.id for r in results if not r.fits]
-    if args.json:
+    code = 3 if unfit else 0
+    if as_json:
         entries = []
         for r in results:
             e = {"id": r.id, "kind": r.kind, "predicted": r.predicted if r.fits else None, "measured": r.measured,
@@ -124,8 +154,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                "predicted": r.predicted, "predicted_over_published": r.off_by,
                                "per_model": [{"model": m, "faster_s": f, "slower_s": s, "ratio": q}
                                              for m, f, s, q in r.per_model]} for r in ratios]
-        print_json(report)
-        return 3 if unfit else 0
+        return code, report
     if results:
         _print_entries(results, mapes)
     if by_stage:
@@ -135,8 +164,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if unfit:
         print(f"\nDOES NOT FIT: the model predicts {len(unfit)} measured run(s) out of memory ({', '.join(unfit)}): "
               "the memory model, or the entry, is wrong there")
-        return 3
-    return 0
+    return code, None
 
 
 def _print_entries(results, mapes) -> None:

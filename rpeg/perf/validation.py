@@ -1,6 +1,7 @@
-"""The performance model against published measurements (`rpeg validate FILE.yaml`).
+"""The performance model against published measurements (`rpeg validate NAME` or `FILE.yaml`).
 
-Reads any file of the schema of shared/validation/published.yaml: `models` (ModelSpec fields),
+RPEG ships its validation files in rpeg/data/validation (SOURCES.md there says where each figure
+was published); `bundled()` names them. Reads any file of their schema: `models` (ModelSpec fields),
 `training` entries (Megatron-LM iterations) and `rl` entries (whole RL steps), predicts each with
 the one global set of efficiency factors, and reports predicted vs measured. It lives beside the
 model it checks; unlike the cost functions it reads a file, and it builds each RL entry's plan
@@ -24,7 +25,9 @@ Assumptions the schema leaves open, the same for every entry:
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rpeg.algorithms import Models, build_graph
@@ -351,6 +354,29 @@ def stage_split(graph, pred) -> dict[str, float]:
     return out
 
 
+BUNDLED_DIR = Path(__file__).resolve().parents[1] / "data" / "validation"
+
+
+def bundled() -> dict[str, Path]:
+    """The validation files RPEG ships, by name (the file name without .yaml), in name order."""
+    return {p.stem: p for p in sorted(BUNDLED_DIR.glob("*.yaml"))}
+
+
+def resolve(name: str) -> str:
+    """`name` itself when it is a path that exists, else the shipped file of that name (with or
+    without .yaml): a user's own file always wins over a shipped one of the same name. A bare
+    word that names neither is refused with the shipped names."""
+    if os.path.exists(name):
+        return name
+    files = bundled()
+    stem = name[:-5] if name.endswith(".yaml") else name
+    if stem in files:
+        return str(files[stem])
+    if os.sep in name or name.endswith((".yaml", ".yml")):
+        return name  # a path: reading it says what is wrong with it
+    raise RpegError(f"no file {name!r}, and RPEG ships no validation file of that name ({', '.join(files)})")
+
+
 def validate_file(path: str, progress=None) -> list[Result]:
     return validate_data(read_yaml_file(path), path, progress)
 
@@ -414,5 +440,5 @@ def summary(results: list[Result]) -> dict[str, float | None]:
     return out
 
 
-__all__ = ["validate_data", "STAGES_S", "NemoRlRun", "Result", "StageResult", "mape", "stage_mapes", "stage_split", "nemo_rl_plan", "predict_rl", "predict_training", "read_rl_entry",
+__all__ = ["BUNDLED_DIR", "bundled", "resolve", "validate_data", "STAGES_S", "NemoRlRun", "Result", "StageResult", "mape", "stage_mapes", "stage_split", "nemo_rl_plan", "predict_rl", "predict_training", "read_rl_entry",
            "rl_graph", "summary", "validate_file"]

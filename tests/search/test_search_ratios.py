@@ -4,19 +4,19 @@ peers' plans; bad fields are one-line errors."""
 from __future__ import annotations
 
 import json
-import pathlib
 
 import pytest
 
 from rpeg.cli import main
 from rpeg.hardware import load_cluster
 from rpeg.perf.step import predict_step
+from rpeg.perf.validation import bundled
 from rpeg.search.baselines import BASELINES
 from rpeg.search.layouts import LayoutCache
 from rpeg.search.ratios import predict_ratio, ratios_file, within
 from rpeg.spec import spec_from_data
 
-DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "peer-ratios.yaml"
+DATA = bundled()["peer-ratios"]
 ENTRY = """ratios:
   - id: small
     job: {algorithm: grpo, model: qwen3-0.6B, job: {prompts: 16, samples_per_prompt: 4, prompt_len: 256,

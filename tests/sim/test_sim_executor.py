@@ -7,7 +7,6 @@ Llama-3.1-8B (actor, critic, reference and reward model) with layouts from the p
 per-stage choice. DGX H100 nodes, 4 to 12 GPUs."""
 
 import math
-from pathlib import Path
 
 import pytest
 
@@ -19,6 +18,7 @@ from rpeg.hardware import load_cluster
 from rpeg.passes import bound_asynchrony, colocate, fuse, parallelize, place, stream
 from rpeg.perf.stages import stage_cost
 from rpeg.perf.step import SWITCH, predict_step
+from rpeg.perf.validation import bundled
 from rpeg.search.default import default_plan
 from rpeg.search.layouts import LayoutCache, LayoutOptions, apply_layouts
 from rpeg.sim import simulate
@@ -28,7 +28,7 @@ LLAMA = get_model("llama-3.1-8B")
 JOB = Job(prompts=16, samples_per_prompt=4, prompt_len=256, response=Dist.fixed(512))
 # short answers to long prompts, four epochs: training, not generation, is the bottleneck
 TRAIN_HEAVY = Job(prompts=16, samples_per_prompt=4, prompt_len=1024, response=Dist.fixed(64), ppo_epochs=4)
-PUBLISHED = Path(__file__).resolve().parents[2].parent / "shared" / "validation" / "published.yaml"
+PUBLISHED = bundled()["published"]
 
 
 @pytest.fixture(scope="module")
@@ -207,8 +207,6 @@ def test_a_step_is_no_shorter_than_any_device_s_work(timelines, name):
 
 
 def test_simulating_the_published_one_step_off_run_is_as_accurate_as_the_analytic_step():
-    if not PUBLISHED.is_file():
-        pytest.skip(f"{PUBLISHED} is absent")
     from rpeg.graph.serde import read_yaml_file
     from rpeg.perf.validation import _models, rl_graph
 
