@@ -39,10 +39,10 @@ OPTIONS = {
     "entropy_coef": "entropy bonus",
     "policy_loss": "ppo: a ratio per token; gspo: one per sequence (Zheng 2025); log-ratios guarded at +-20",
     "dual_clip": "dual-clip PPO bound c for A < 0 (Ye 2020; verl's default 3; 0: none)",
-    "off_policy": "correction for samples the engine drew: truncated IS (tis, tis-seq), masked IS (mask-*), "
-                  "AReaL's decoupled objective",
-    "is_cap": "importance weights' cap (tis, tis-seq, decoupled) and the masks' upper bound",
-    "is_low": "the masks' lower bound (mask-token, mask-seq)",
+    "off_policy": "correction for samples the engine drew: truncated IS (tis, tis-seq), rejection of tokens or "
+                  "sequences (mask-token, mask-seq), AReaL's decoupled objective",
+    "is_cap": "importance weights' cap (tis, tis-seq, decoupled) and rejection's upper bound (mask-token, mask-seq)",
+    "is_low": "rejection's lower bound (mask-token, mask-seq)",
 }
 
 
@@ -59,7 +59,7 @@ class AlgoConfig:
     0 turns it off. 3 is verl's default.
     off_policy / is_cap / is_low: the correction for samples drawn by the engine's policy rather than
     the trainer's (none, tis, tis-seq, mask-token, mask-seq, decoupled; rpeg/runtime/losses.py
-    OFF_POLICY): the importance weights' cap, and the masks' lower bound.
+    OFF_POLICY): the importance weights' cap, and the token and sequence rejections' lower bound.
     """
 
     adv_estimator: str

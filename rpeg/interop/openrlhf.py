@@ -13,8 +13,12 @@ The mapping (sources: train_ppo_ray.py's parser and the checks after it; trainer
   k3. `--actor.eps_clip` / `--actor.eps_clip_low_high`, `--actor.dual_clip` (off by default),
   `--actor.loss_agg_mode`, `--actor.policy_loss_type`, `--actor.entropy_coef`,
   `--algo.advantage.gamma` / `lambd` / `no_std_norm`, `--critic.value_clip`, and the rollout
-  correction `--algo.advantage.is_correction_level` / `_mode` / `_threshold` (token or seq; clip:
-  tis / tis-seq, mask: mask-token / mask-seq).
+  correction `--algo.advantage.is_correction_level` / `_mode` / `_threshold` gating on the ratio
+  rho (models/loss.py PolicyLoss): token clip, weight clamp(rho, low, high), is tis; token mask,
+  IcePop's weight rho inside [low, high] and 0 outside with every token in the denominator, is
+  decoupled; both exactly when low is 0, and a lower bound above 0 is read as 0 and said so. seq
+  mask (a sequence whose geometric-mean rho leaves [low, high] weighs 0, the others' tokens keep
+  rho) has no RPEG equal: it is read as mask-seq, which approximates it, and said so.
 - The job: `--rollout.batch_size` prompts of `--rollout.n_samples_per_prompt` samples; mini-batches
   of `--train.batch_size` samples (its global training batch); `--train.max_epochs`; the response
   cap `--rollout.max_new_tokens`, the prompt `--data.max_len` less it.
@@ -36,7 +40,8 @@ The mapping (sources: train_ppo_ray.py's parser and the checks after it; trainer
 What OpenRLHF cannot express (`project`): critic sharing, fusion, streaming, pipeline
 parallelism, device groups other than the per-model ones and the three colocation flags,
 asynchrony with the engines on the training GPUs, forward passes laid out apart from their
-model's group.
+model's group, the corrections tis-seq (its loss refuses clip at level seq), mask-token and
+mask-seq (its masks keep the kept tokens' weight rho and every token in the denominator).
 """
 
 from __future__ import annotations
@@ -60,8 +65,12 @@ _ENTRY = re.compile(r"^openrlhf\.cli\.train_ppo_ray$")
 
 ESTIMATORS = {"gae": "ppo", "group_norm": "grpo", "rloo": "rloo", "reinforce": "reinforce_pp",
               "reinforce_baseline": "reinforce_pp_baseline", "dr_grpo": "dr_grpo"}
-CORRECTIONS = {("token", "clip"): "tis", ("seq", "clip"): "tis-seq", ("token", "mask"): "mask-token",
-               ("seq", "mask"): "mask-seq"}
+# --algo.advantage.is_correction_level / _mode (gating on the ratio) -> RPEG's off_policy (module docstring).
+# OpenRLHF's token mask is IcePop, not RPEG's mask-token (token rejection: kept tokens weigh 1, rejected ones
+# leave the denominator); its seq mask keeps rho on the kept tokens, which mask-seq does not.
+CORRECTIONS = {("token", "clip"): "tis", ("token", "mask"): "decoupled", ("seq", "mask"): "mask-seq"}
+# the corrections written back, which OpenRLHF computes exactly with the threshold `0 is_cap`
+EXPORTS = {"tis": ("token", "clip"), "decoupled": ("token", "mask")}
 
 # the parser's defaults for the flags read here (train_ppo_ray.py, 0.11.2); None: no default
 DEFAULTS: dict[str, Any] = {
@@ -257,10 +266,22 @@ def _from_args(args: dict[str, Any], source: str, *, model, response_mean, clust
         if gating != "ratio":
             raise RpegError(f"{source}: --algo.advantage.is_correction_gating {gating}: RPEG's corrections gate on "
                             "the ratio")
-        options["off_policy"] = CORRECTIONS[(level, mode)]
+        if (level, mode) not in CORRECTIONS:
+            raise RpegError(f"{source}: --algo.advantage.is_correction_mode {mode} with --algo.advantage."
+                            f"is_correction_level {level}: OpenRLHF's loss refuses it (clip needs level token)")
+        name = options["off_policy"] = CORRECTIONS[(level, mode)]
         options["is_cap"] = float(high)
-        if mode == "mask":
+        read_as = (f"--algo.advantage.is_correction_level {level} --algo.advantage.is_correction_mode {mode} "
+                   f"read as {name}")
+        if name == "mask-seq":
             options["is_low"] = float(low)
+            notes.assume(f"{read_as}, which approximates it: OpenRLHF weighs a kept sequence's tokens rho and keeps "
+                         "a rejected one in the denominator at weight 0; mask-seq weighs kept tokens 1 and drops "
+                         "rejected sequences from the denominator")
+        elif low > 0:
+            notes.assume(f"{read_as} with the lower bound {low:g} read as 0 ({name} has none): a token with rho "
+                         f"below {low:g} keeps its weight rho, which OpenRLHF "
+                         + (f"raises to {low:g}" if mode == "clip" else "zeroes"))
 
     # the job
     prompts = a.num("rollout.batch_size")
@@ -505,9 +526,16 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
         lines.append("weight sync gathering the engine's shard: OpenRLHF broadcasts every tensor gathered in full")
         v = v.replace(refit_gather="full")
     opts = dict(v.config)
-    if opts.get("off_policy") == "decoupled":
-        lines.append("off_policy decoupled: OpenRLHF's correction is tis / mask (--algo.advantage.is_correction_*)")
-        opts.pop("off_policy")
+    off = opts.get("off_policy")
+    if off not in (None, "none", *EXPORTS):
+        lacks = ("a sequence weight (its loss refuses clip at level seq)" if off == "tis-seq" else
+                 "rejection that weighs the kept tokens 1")
+        lines.append(f"off_policy {off}: OpenRLHF's corrections are token clip (tis), token mask (IcePop: decoupled "
+                     f"with a lower bound) and seq mask (rho on the kept sequences' tokens); it has no {lacks}")
+    if off not in EXPORTS:
+        opts.pop("off_policy", None)
+        opts.pop("is_cap", None)
+    opts.pop("is_low", None)  # not written: tis and decoupled have no lower bound
     if opts.get("loss_agg") == "seq-mean-token-sum-norm":
         lines.append("loss_agg seq-mean-token-sum-norm: OpenRLHF aggregates by token-mean or seq-mean-token-mean")
         opts["loss_agg"] = "token-mean"
@@ -615,12 +643,11 @@ def arguments(view: PlanView) -> list[str]:
         flag("reward.model_name_or_path", hf_name(v.reward))
     else:
         flag("reward.remote_url", "http://localhost:5000/get_reward")  # your rule reward's server
-    corr = {b: a for a, b in CORRECTIONS.items()}.get(opts.get("off_policy"))
+    corr = EXPORTS.get(opts.get("off_policy"))
     if corr:
         flag("algo.advantage.is_correction_level", corr[0])
         flag("algo.advantage.is_correction_mode", corr[1])
-        flag("algo.advantage.is_correction_threshold",
-             f"{opts['is_low']!r} {opts['is_cap']!r}" if corr[1] == "mask" else f"0.0 {opts['is_cap']!r}")
+        flag("algo.advantage.is_correction_threshold", f"0.0 {opts['is_cap']!r}")
     # devices
     g = lay["generate"]
     flag("vllm.num_engines", g.dp)

@@ -16,14 +16,17 @@ Registries, looked up by the config's strings (never branched on by a trainer):
   2017, arXiv 1707.06347) or per sequence (GSPO, Zheng 2025, arXiv 2507.18071).
 - `OFF_POLICY`: corrections for samples drawn by the engine's policy (stale weights under bounded
   asynchrony, other numerics) rather than the policy whose logprobs the trainer computed for them:
-  truncated importance sampling per token or sequence (TIS), token and sequence masks, and AReaL's
-  decoupled objective (see `OFF_POLICY`'s functions).
+  truncated importance sampling per token or sequence (TIS), rejection of tokens or sequences, and
+  AReaL's decoupled objective (see `OFF_POLICY`'s functions).
 
 Guards: every log-ratio that is exponentiated (the policy ratio, the importance weights and k3's
 log r) is clamped to +-LOG_RATIO_GUARD (20, as verl clamps the policy's log-ratio), so one bad
 logprob gives a weight of e^20 ~ 4.9e8 at most, never inf. This departs from the formulas (k3 of
 a token with |log r| > 20 is capped at e^20 - 21 and its gradient is 0): such a token's estimate is
 already useless, and without the guard k3 reaches 1e23 at |log r| = 53 and inf at 89 in float32.
+A sequence's log-ratio (GSPO's mean, tis-seq's sum, mask-seq's mean) is guarded as a whole, after
+its tokens are combined: clamping each token first would change it (log rho 25 and -22 sum to 3,
+clamped tokens to 0).
 
 Departures from verl's core_algos: sequence-mean aggregations average over sequences that have
 at least one response token (one with every token masked is not counted).
@@ -187,12 +190,14 @@ class Correction:
 
 
 def _log_rho(proximal: Tensor, behaviour: Tensor, mask: Tensor) -> Tensor:
-    return guarded(torch.where(mask.bool(), proximal - behaviour, torch.zeros_like(proximal)))
+    """log rho = log pi_prox - log pi_behav per token (B, T), not guarded; 0 at padding. A sequence's
+    sum or mean of it is guarded once it is formed (module docstring)."""
+    return torch.where(mask.bool(), proximal - behaviour, torch.zeros_like(proximal))
 
 
 def _rho(proximal: Tensor, behaviour: Tensor, mask: Tensor) -> Tensor:
     """rho = pi_prox / pi_behav per token (B, T), guarded; 1 at padding."""
-    return torch.exp(_log_rho(proximal, behaviour, mask))
+    return torch.exp(guarded(_log_rho(proximal, behaviour, mask)))
 
 
 def no_correction(proximal: Tensor, behaviour: Tensor, mask: Tensor, config: AlgoConfig) -> Correction:
@@ -202,9 +207,11 @@ def no_correction(proximal: Tensor, behaviour: Tensor, mask: Tensor, config: Alg
 
 
 def tis_token(proximal: Tensor, behaviour: Tensor, mask: Tensor, config: AlgoConfig) -> Correction:
-    """Truncated importance sampling per token: weight min(rho_t, is_cap). Yao et al. 2025, "Your
-    Efficient RL Framework Secretly Brings You Off-Policy RL Training" (fengyao.notion.site), cap 2;
-    verl's and ms-swift's token_truncate."""
+    """Truncated importance sampling per token: weight min(rho_t, is_cap), every token in the
+    denominator. Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+    Training" (fengyao.notion.site), cap 2. The same weight as verl 0.9.1's rollout_is = token with
+    one threshold (Token-TIS), ms-swift's token_truncate and OpenRLHF's token clip with the lower
+    bound 0."""
     m = mask.bool()
     rho = _rho(proximal, behaviour, m)
     return Correction(rho.clamp(max=config.is_cap), m, m & (rho > config.is_cap))
@@ -213,20 +220,26 @@ def tis_token(proximal: Tensor, behaviour: Tensor, mask: Tensor, config: AlgoCon
 def tis_sequence(proximal: Tensor, behaviour: Tensor, mask: Tensor, config: AlgoConfig) -> Correction:
     """Truncated importance sampling per sequence: every token of sequence i weighs
     min(prod_t rho_t, is_cap), the sequence's own likelihood ratio: unbiased for a sequence-level
-    reward, with a variance that grows with length (hence the cap). Liu et al. 2025, "When Speed
-    Kills Stability" (sequence-level IS); verl's rollout_is = sequence and ms-swift's
-    sequence_truncate (2025)."""
+    reward, with a variance that grows with length (hence the cap). Computed as
+    exp(min(clamp(sum_t log rho_t, -20, 20), log is_cap)): the guard (LOG_RATIO_GUARD) acts on the
+    sum, so a sequence weighs e^-20 at least and one token with |log rho_t| > 20 still counts in
+    full (log rho 25 and -22, cap 2: weight 2). Liu et al. 2025, "When Speed Kills Stability"
+    (Seq-TIS); verl 0.9.1's rollout_is = sequence, which clamps the sum the same way
+    (rollout_corr_helper.compute_rollout_correction_weights)."""
     m = mask.bool()
     log_seq = masked_sum(_log_rho(proximal, behaviour, m), m, dim=1)  # (B,)
     cut = log_seq > math.log(config.is_cap)
-    w = torch.exp(log_seq.clamp(max=math.log(config.is_cap)))
+    w = torch.exp(guarded(log_seq).clamp(max=math.log(config.is_cap)))
     return Correction(torch.where(m, w[:, None].expand(m.shape), torch.ones_like(proximal)), m, m & cut[:, None])
 
 
 def mask_token(proximal: Tensor, behaviour: Tensor, mask: Tensor, config: AlgoConfig) -> Correction:
-    """Masked importance sampling per token: a token whose rho_t lies outside [is_low, is_cap] leaves
-    the loss; the rest weigh 1. IcePop (Ling Team 2025, arXiv 2510.18855, section 3.2); verl's and
-    ms-swift's token_mask (bounds 0.5 and 2)."""
+    """Token rejection: a token whose rho_t lies outside [is_low, is_cap] leaves the loss and its
+    denominator; every kept token weighs 1 (no importance weight). verl 0.9.1's rejection sampling
+    rollout_rs = token_k1 (rollout_corr_helper.compute_rollout_rejection_mask, which bounds -log
+    rho_t: its threshold "a_b" keeps rho_t in [1/b, 1/a], "0.5_2" for the defaults 0.5 and 2).
+    It is not IcePop (Ling Team 2025, arXiv 2510.18855), which keeps each kept token's weight rho_t
+    and every token in the denominator: that is `decoupled` with a lower bound."""
     m = mask.bool()
     rho = _rho(proximal, behaviour, m)
     keep = m & (rho >= config.is_low) & (rho <= config.is_cap)
@@ -234,12 +247,15 @@ def mask_token(proximal: Tensor, behaviour: Tensor, mask: Tensor, config: AlgoCo
 
 
 def mask_sequence(proximal: Tensor, behaviour: Tensor, mask: Tensor, config: AlgoConfig) -> Correction:
-    """Masked importance sampling per sequence: a sequence whose geometric-mean rho (exp of the mean
-    log rho over its tokens: a length-free measure of how far apart the two policies are on it) lies
-    outside [is_low, is_cap] leaves the loss whole. Liu et al. 2025, "When Speed Kills Stability"
-    (verl's geometric sequence mask)."""
+    """Sequence rejection: a sequence whose geometric-mean rho (exp of the mean log rho over its
+    tokens: a length-free measure of how far apart the two policies are on it) lies outside
+    [is_low, is_cap] leaves the loss and its denominator whole; every kept token weighs 1. The mean
+    is guarded (LOG_RATIO_GUARD, +-20) after it is taken, not token by token. Liu et al. 2025,
+    "When Speed Kills Stability" (Geo-RS); verl 0.9.1's rollout_rs = seq_mean_k1, whose threshold
+    "a_b" keeps the geometric mean in [1/b, 1/a] like token_k1's, and which clamps each token's log
+    rho to +-20 before the mean."""
     m = mask.bool()
-    geo = torch.exp(masked_mean(_log_rho(proximal, behaviour, m), m, dim=1))  # (B,)
+    geo = torch.exp(guarded(masked_mean(_log_rho(proximal, behaviour, m), m, dim=1)))  # (B,)
     ok = (geo >= config.is_low) & (geo <= config.is_cap)
     return Correction(torch.ones_like(proximal), m & ok[:, None], torch.zeros_like(m))
 
@@ -249,7 +265,11 @@ def decoupled(proximal: Tensor, behaviour: Tensor, mask: Tensor, config: AlgoCon
     trainer's old logprobs, as the surrogate already does) and each token weighs rho_t = pi_prox /
     pi_behav; a token with rho_t > is_cap gets weight 0 but stays in the denominator.
     Fu et al. 2025, AReaL (arXiv 2505.24298), eq. 5 and `behav_imp_weight_cap`. It differs from tis
-    at the cap only: tis keeps such a token at weight is_cap, decoupled drops its gradient."""
+    at the cap only: tis keeps such a token at weight is_cap, decoupled drops its gradient. The same
+    weights as ms-swift's token_mask, and IcePop (Ling Team 2025, arXiv 2510.18855: weight rho_t in
+    [alpha, beta], 0 outside, every token in the denominator) with alpha = 0; IcePop's alpha > 0,
+    as in verl 0.9.1's rollout_is = token with a "lower_upper" threshold and OpenRLHF's token mask,
+    also zeroes the tokens with rho_t < alpha."""
     m = mask.bool()
     rho = _rho(proximal, behaviour, m)
     over = rho > config.is_cap

@@ -12,7 +12,7 @@ from peer_code import openrlhf_check
 from rpeg.cli.plan import _bare
 from rpeg.errors import RpegError
 from rpeg.interop import openrlhf as ro
-from rpeg.interop.common import graph_of, script_command, view_of
+from rpeg.interop.common import config_tuple, defaults_of, graph_of, script_command, view_of
 from rpeg.search.search import search
 from rpeg.spec import spec_from_data
 
@@ -157,3 +157,55 @@ def test_an_estimator_whose_default_kl_is_zero_keeps_the_reference_the_launch_as
     v = ro.read(text, "dr.sh").view
     assert dict(v.config)["kl_coef"] == 0.01 and "ref_logprobs" in dict(v.layouts)
     assert "ref_logprobs" in [s.name for s in graph_of(v).stages]
+
+
+# OpenRLHF 0.11.2's rollout correction (models/loss.py PolicyLoss, gating on rho = pi_old / pi_rollout): token clip
+# weighs clamp(rho, low, high); token mask is IcePop, rho inside [low, high] and 0 outside with every token in the
+# denominator (RPEG's decoupled when low is 0, never RPEG's mask-token, which weighs kept tokens 1 and drops the
+# rest from the denominator); seq mask keeps rho on the kept sequences' tokens (mask-seq approximates it)
+LAUNCH = ("python3 -m openrlhf.cli.train_ppo_ray --algo.advantage.estimator group_norm --reward.remote_url http://x "
+          "--actor.model_name_or_path Qwen/Qwen3-8B --vllm.num_engines 4 --rollout.batch_size 64 "
+          "--rollout.n_samples_per_prompt 8 --train.batch_size 128 --rollout.max_new_tokens 4096 "
+          "--data.max_len 5120 ")
+CORRECTION = "--algo.advantage.is_correction_level {} --algo.advantage.is_correction_mode {} "
+
+
+@pytest.mark.parametrize("flags, off_policy, cap, note", [
+    (CORRECTION.format("token", "mask") + "--algo.advantage.is_correction_threshold 0 3", "decoupled", 3.0, None),
+    (CORRECTION.format("token", "mask"), "decoupled", 5.0,  # the parser's default threshold 0.5 5
+     "read as decoupled with the lower bound 0.5 read as 0 (decoupled has none): a token with rho below 0.5 keeps "
+     "its weight rho, which OpenRLHF zeroes"),
+    (CORRECTION.format("token", "clip") + "--algo.advantage.is_correction_threshold 2", "tis", 2.0, None),
+    (CORRECTION.format("token", "clip") + "--algo.advantage.is_correction_threshold 0.5 2", "tis", 2.0,
+     "raises to 0.5"),
+    (CORRECTION.format("seq", "mask") + "--algo.advantage.is_correction_threshold 0.5 2", "mask-seq", 2.0,
+     "read as mask-seq, which approximates it"),
+])
+def test_openrlhfs_corrections_are_read_as_what_rpeg_computes(flags, off_policy, cap, note):
+    im = ro.read(LAUNCH + flags + "\n", "job.sh")
+    opts = {**defaults_of(im.view.algorithm), **dict(im.view.config)}
+    assert (opts["off_policy"], opts["is_cap"]) == (off_policy, cap)
+    said = [x for x in im.assumed if "is_correction" in x]
+    assert (len(said) == 1 and note in said[0]) if note else not said
+    with pytest.raises(RpegError, match="OpenRLHF's loss refuses it"):
+        ro.read(LAUNCH + CORRECTION.format("seq", "clip") + "\n", "job.sh")
+
+
+@pytest.mark.parametrize("off_policy, written", [
+    ("tis", "token clip 0.0 3.0"), ("decoupled", "token mask 0.0 3.0"),
+    ("tis-seq", None), ("mask-token", None), ("mask-seq", None),
+])
+def test_only_corrections_openrlhf_computes_are_exported(off_policy, written):
+    v = ro.read(LAUNCH + "\n", "job.sh").view
+    v = v.replace(config=config_tuple(v.algorithm, {**dict(v.config), "off_policy": off_policy, "is_cap": 3.0,
+                                                    "is_low": 0.4}))
+    out = ro.write(v)
+    flags = re.findall(r"--algo\.advantage\.is_correction_\w+ ([\w. ]+?) \\", out.text)
+    back = ro.read(out.text, "export", response_mean=v.job.response.mean)
+    assert back.view == out.view
+    if written:
+        assert " ".join(flags) == written and not out.left_out
+        assert (dict(back.view.config)["off_policy"], dict(back.view.config)["is_cap"]) == (off_policy, 3.0)
+    else:
+        assert not flags and "off_policy" not in dict(back.view.config)
+        assert [x for x in out.left_out if x.startswith(f"off_policy {off_policy}: ")]

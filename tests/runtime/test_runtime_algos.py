@@ -1,6 +1,8 @@
 """rpeg.runtime.algos against numbers worked out by hand on tiny tensors."""
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -458,6 +460,59 @@ def test_sequence_corrections_act_on_whole_sequences():
     assert fix.keep.tolist() == [[True] * 3, [False] * 3]
     with pytest.raises(RpegError, match="behaviour"):
         correction(old, None, mask, cfg(off_policy="tis"))
+
+
+def test_sequence_corrections_guard_the_sequences_log_ratio_not_each_token():
+    # the worked example: per-token log rho 25 and -22, cap 2. The formula min(prod rho, cap) = min(e^3, 2) = 2 on
+    # both tokens; clamping each token's log rho to +-20 before the sum gave 20 - 20 = 0 -> weight 1
+    fix = correction(t([[-1.0, -30.0]]), t([[-26.0, -8.0]]), torch.ones(1, 2), cfg(off_policy="tis-seq", is_cap=2.0))
+    close(fix.weight, [[2.0, 2.0]])
+    # per-token log rho 25 and -22 (sequence 1, then one padding token) and 30, -28, -3 (sequence 2)
+    log_rho = t([[25.0, -22.0, 0.0], [30.0, -28.0, -3.0]])
+    old = t([[-1.0, -30.0, NAN], [-1.0, -40.0, -5.0]])
+    behaviour = torch.where(torch.isnan(old), old, old - log_rho)
+    mask = t([[1, 1, 0], [1, 1, 1]])
+    # tis-seq, cap 2: sequence 1's prod rho = e^3, so min(e^3, 2) = 2 on both tokens (each token clamped to
+    # +-20 first gave e^0 = 1); sequence 2's e^-1 (clamped tokens gave e^-3)
+    fix = correction(old, behaviour, mask, cfg(off_policy="tis-seq", is_cap=2.0))
+    close(fix.weight * mask, [[2.0, 2.0, 0.0], [math.exp(-1.0)] * 3])
+    assert fix.truncated.tolist() == [[True, True, False], [False] * 3]
+    # mask-seq, [0.5, 2]: sequence 1's geometric mean e^1.5 = 4.48 leaves (clamped tokens gave e^0: kept);
+    # sequence 2's e^(-1/3) = 0.72 stays (clamped tokens gave e^-1 = 0.37: rejected)
+    fix = correction(old, behaviour, mask, cfg(off_policy="mask-seq", is_cap=2.0, is_low=0.5))
+    assert fix.keep.tolist() == [[False] * 3, [True] * 3]
+    # the guard is on the sum: log rho -25 and -20 sum to -45, clamped to -20 before the exp
+    low = correction(t([[-1.0, -1.0]]), t([[24.0, 19.0]]), torch.ones(1, 2), cfg(off_policy="tis-seq"))
+    close(low.weight, [[math.exp(-LOG_RATIO_GUARD)] * 2], tol=1e-12)
+
+
+def test_mask_token_is_token_rejection_as_documented():
+    # rho = 3, 0.5, 1.5 and bounds [0.6, 2]: only the third token is kept. Ratio 1 and A = 1, 2, 4: a kept
+    # token's surrogate is -A w. Rejection (verl's token_k1): the kept token weighs 1 and is alone in the
+    # denominator, -4. IcePop would weigh it rho = 1.5 over all three tokens (-2); decoupled gives -7/3.
+    behaviour = t([[-1.0 - math.log(3.0), -1.0 + math.log(2.0), -1.0 - math.log(1.5)]])
+    old = torch.full((1, 3), -1.0)
+    logp = old.clone().requires_grad_()
+    config = cfg(off_policy="mask-token", is_cap=2.0, is_low=0.6)
+    out, m = policy_loss(logp, old, t([[1.0, 2.0, 4.0]]), torch.ones(1, 3), config, behaviour_logprobs=behaviour)
+    out.backward()
+    close(out, -4.0)
+    close(logp.grad, [[0.0, 0.0, -4.0]])
+    close(m["is_weight_max"], 1.0)
+    close(m["is_masked_frac"], 2 / 3)
+    out, _ = policy_loss(old, old, t([[1.0, 2.0, 4.0]]), torch.ones(1, 3), cfg(off_policy="decoupled", is_cap=2.0),
+                         behaviour_logprobs=behaviour)
+    close(out, -7 / 3)
+    # what the docstring, the options table and the help text say mask-token computes
+    doc = " ".join(OFF_POLICY["mask-token"].__doc__.split())
+    assert "every kept token weighs 1" in doc and "leaves the loss and its denominator" in doc
+    assert "rollout_rs = token_k1" in doc and "It is not IcePop" in doc
+    assert "IcePop" in OFF_POLICY["decoupled"].__doc__
+    table = (Path(__file__).parents[2] / "docs" / "runtime.md").read_text()
+    row = re.search(r"`mask-token`: ([^;|]*)", table).group(1)
+    assert "rejection" in row and "weigh 1" in row and "denominator" in row and "IcePop" not in row
+    assert "IcePop" in re.search(r"`decoupled`: ([^;|]*)", table).group(1)
+    assert "rejection of tokens or sequences (mask-token, mask-seq)" in graph_config.OPTIONS["off_policy"]
 
 
 def test_policy_loss_kl_in_loss_and_entropy():
