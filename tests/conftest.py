@@ -3,8 +3,11 @@ loading cpu-local only reads `rpeg calibrate`'s file, so the session measures on
 budget: no test depends on the figures' precision). A test that sets RPEG_CACHE_DIR itself
 (monkeypatch) still sees only its own folder.
 
-Tests marked `slow` (a real pretrained model, minutes each) run only with `--run-slow` (`make
-test-slow`); `make test` skips them."""
+Two tiers. `make test` is the quick suite: every test not marked `long` or `slow`. `make
+test-long` runs exactly the rest: the tests marked `long` (end-to-end runtime runs on Ray,
+kill/resume, measuring this machine as several devices) and those marked `slow` (a real pretrained
+model, minutes each), which run only with `--run-slow` (`make test-slow` runs them alone). CI
+(`.ci/run`) runs both tiers."""
 
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: minutes on a real pretrained model; runs with --run-slow only")
+    config.addinivalue_line("markers", "long: end-to-end runs left out of the quick suite (make test-long runs them)")
 
 
 def pytest_collection_modifyitems(config, items):

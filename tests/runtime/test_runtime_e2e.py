@@ -17,6 +17,8 @@ from rpeg.passes import bound_asynchrony, colocate, parallelize, place, refit
 from rpeg.runtime.config import RuntimeConfig
 from rpeg.runtime.run import run
 
+pytestmark = pytest.mark.long  # end-to-end runs: the second tier (`make test-long`), not `make test`
+
 TINY = get_model("tiny-qwen2")
 
 

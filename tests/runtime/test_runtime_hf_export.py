@@ -17,6 +17,8 @@ from rpeg.passes import colocate, parallelize
 from rpeg.runtime.config import RuntimeConfig
 from rpeg.runtime.run import run
 
+pytestmark = pytest.mark.long  # end-to-end runs: the second tier (`make test-long`), not `make test`
+
 TINY = get_model("tiny-qwen2")
 IDS = torch.tensor([[5, 17, 9, 30, 2], [40, 41, 42, 43, 44]])
 

@@ -11,7 +11,10 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
+
+pytestmark = pytest.mark.long  # end-to-end runs: the second tier (`make test-long`), not `make test`
 
 JOB = """\
 algorithm: grpo

@@ -16,6 +16,8 @@ from rpeg.runtime.rollout import HFEngine, InFlight, SamplingParams
 from rpeg.runtime.run import run
 from tests.runtime.test_runtime_e2e import TINY, job, laid_out, rt
 
+pytestmark = pytest.mark.long  # end-to-end runs: the second tier (`make test-long`), not `make test`
+
 PROMPTS = ["12+7=", "3+4=", "40+41=", "9+9="]
 
 

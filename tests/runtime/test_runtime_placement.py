@@ -12,6 +12,8 @@ from rpeg.passes import colocate
 from rpeg.runtime.roles import Placement, Roles
 from tests.runtime.test_runtime_e2e import TINY, job, laid_out, rt, split_async_plan
 
+pytestmark = pytest.mark.long  # end-to-end runs: the second tier (`make test-long`), not `make test`
+
 
 @pytest.fixture
 def two_nodes():

@@ -12,6 +12,8 @@ from rpeg.passes import colocate, place
 from rpeg.runtime.run import run
 from tests.runtime.test_runtime_e2e import TINY, job, laid_out, rt
 
+pytestmark = pytest.mark.long  # end-to-end runs: the second tier (`make test-long`), not `make test`
+
 
 def _graph():
     return build_graph("grpo", job(), Models(actor=TINY, reward=TINY), kl_coef=0.0)

@@ -22,6 +22,8 @@ from rpeg.runtime.step import check_staleness
 from tests.runtime.test_runtime_e2e import TINY, job, laid_out, rt, weights
 from tests.runtime.test_runtime_kill_resume import _checkpoint_step, _lines, _train
 
+pytestmark = pytest.mark.long  # end-to-end runs: the second tier (`make test-long`), not `make test`
+
 
 def split_plan(k: int | None):
     """GRPO, generation on one device and training on another; k None: no bound_asynchrony pass at all."""

@@ -14,6 +14,8 @@ from rpeg.runtime.plan_check import check_plan
 from rpeg.runtime.run import run
 from tests.runtime.test_runtime_e2e import TINY, job, laid_out, rt
 
+pytestmark = pytest.mark.long  # end-to-end runs: the second tier (`make test-long`), not `make test`
+
 
 def split_streamed(parts=4, fused=False, algorithm="grpo", **cfg):
     g = build_graph(algorithm, job(), Models(actor=TINY), **cfg)

@@ -8,6 +8,10 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.long  # end-to-end runs: the second tier (`make test-long`), not `make test`
+
 ROOT = pathlib.Path(__file__).parents[2]
 
 

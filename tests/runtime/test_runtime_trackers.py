@@ -16,6 +16,8 @@ from rpeg.passes import colocate, parallelize
 from rpeg.runtime.config import RuntimeConfig
 from rpeg.runtime.run import run
 
+pytestmark = pytest.mark.long  # end-to-end runs: the second tier (`make test-long`), not `make test`
+
 pytest.importorskip("tensorboard")
 pytest.importorskip("mlflow")
 pytest.importorskip("wandb")
