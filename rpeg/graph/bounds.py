@@ -19,6 +19,12 @@ MAX_GPUS = 1_000_000  # devices a job uses: above the largest clusters built (~1
 MAX_COEF = 1e6  # loss and KL coefficients, clip ranges, oversampling
 MAX_SECONDS = 10_000_000  # a measured step or stage time: 115 days (published RL steps take seconds to hours)
 MAX_COUNT = 10**15  # any other count in a validation file (batches, layout degrees): far above any run
+MAX_MINI_BATCHES = 1_048_576  # optimizer steps per epoch: published jobs take 1-64
+MAX_MICROBATCHES = 65_536  # parts a stream splits a batch into: per-sample streaming of the largest published
+# batches (~10^4 sequences) stays below; the simulator tracks each part of each step
+MAX_STALENESS = 64  # async bound k: published systems use 1-8; the planner tries every k up to it
+MIN_SIGMA, MAX_SIGMA = 0.01, 10.0  # a log-normal length's shape: measured reasoning lengths fit 0.5-1.5; below
+# 0.01 the lengths are one number (kind: fixed), and from about 25 the length model's exp() overflows a float
 
 
 def problem(name: str, value, *, positive: bool = False, minimum: float | None = None,
@@ -40,6 +46,8 @@ def problem(name: str, value, *, positive: bool = False, minimum: float | None =
 def show(value: int | float) -> str:
     """A number for a message: grouped digits, or scientific notation when huge (an int past a
     float's range, 10**400, is shown from its digits: float() of it would overflow)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e18:
+        value = int(value)
     if isinstance(value, int) and not isinstance(value, bool):
         if abs(value) < 10**18:
             return f"{value:,}"

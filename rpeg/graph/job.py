@@ -13,7 +13,8 @@ from functools import cache
 from typing import Literal
 
 from rpeg.errors import RpegError
-from rpeg.graph.bounds import MAX_EPOCHS, MAX_POINTS, MAX_PROMPTS, MAX_SAMPLES, MAX_TOKENS, problem, problems
+from rpeg.graph.bounds import (MAX_EPOCHS, MAX_MINI_BATCHES, MAX_POINTS, MAX_PROMPTS, MAX_SAMPLES, MAX_SIGMA,
+                               MAX_TOKENS, MIN_SIGMA, problem, problems)
 
 DistKind = Literal["fixed", "uniform", "lognormal", "empirical"]
 
@@ -55,7 +56,8 @@ class LengthDistribution:
         bad = problems([problem("response length: mean", self.mean, minimum=0, maximum=MAX_TOKENS),
                         problem("response length: max", self.max, minimum=0, maximum=MAX_TOKENS),
                         problem("response length: min", self.min, maximum=MAX_TOKENS),
-                        problem("response length: sigma", self.sigma, maximum=100)])
+                        problem("response length: sigma", self.sigma, maximum=MAX_SIGMA,
+                                why="measured reasoning lengths fit 0.5-1.5")])
         if len(self.points) > MAX_POINTS:
             bad.append(f"response length: {len(self.points):,} empirical points, more than {MAX_POINTS:,} (a sample "
                        "of that size gives the distribution as well as any larger one)")
@@ -68,6 +70,8 @@ class LengthDistribution:
         if kind == "fixed":
             if self.mean <= 0:
                 raise RpegError(f"response length: fixed mean = {self.mean:g} must be positive")
+            if self.mean < 1:  # a response of 1e-300 tokens: no step to plan
+                raise RpegError(f"response length: fixed mean = {self.mean:g} must be at least 1 token")
             object.__setattr__(self, "max", max(self.max, int(math.ceil(self.mean))))
         elif kind == "uniform":
             if not 1 <= self.min <= self.max:
@@ -76,8 +80,13 @@ class LengthDistribution:
         elif kind == "lognormal":
             if not 0 < self.mean <= self.max:
                 raise RpegError(f"response length: lognormal needs 0 < mean ({self.mean:g}) <= max ({self.max})")
+            if self.mean < 1:
+                raise RpegError(f"response length: lognormal mean = {self.mean:g} must be at least 1 token")
             if self.sigma <= 0:
                 raise RpegError(f"response length: lognormal sigma = {self.sigma} must be positive")
+            if self.sigma < MIN_SIGMA:
+                raise RpegError(f"response length: lognormal sigma = {self.sigma:g} must be at least {MIN_SIGMA:g} "
+                                "(narrower lengths are one number: kind: fixed)")
             self._set_runaway()
         elif kind == "empirical":
             if not self.points or min(self.points) < 1:
@@ -264,7 +273,8 @@ class Job:
                         problem("samples_per_prompt", self.samples_per_prompt, positive=True, maximum=MAX_SAMPLES),
                         problem("prompt_len", self.prompt_len, positive=True, maximum=MAX_TOKENS),
                         problem("ppo_epochs", self.ppo_epochs, positive=True, maximum=MAX_EPOCHS),
-                        problem("mini_batches", self.mini_batches, positive=True)])
+                        problem("mini_batches", self.mini_batches, positive=True, maximum=MAX_MINI_BATCHES,
+                                why="optimizer steps per epoch; published jobs take 1-64")])
         if not bad and self.mini_batches > self.sequences:
             bad.append(f"mini_batches = {self.mini_batches} exceeds the {self.sequences} sequences per step")
         if bad:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rpeg.errors import RpegError
+from rpeg.graph.bounds import MAX_GPUS
 
 Recompute = Literal["none", "selective", "full"]
 
@@ -25,9 +26,14 @@ class DeviceGroup:
     count: int
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise RpegError(f"device group {self.name!r}: a group needs a name (stages are assigned to it by name)")
         if self.first < 0 or self.count <= 0:
             raise RpegError(f"device group {self.name!r}: first = {self.first} must be >= 0 and "
                             f"count = {self.count} must be > 0")
+        if self.first + self.count > MAX_GPUS:
+            raise RpegError(f"device group {self.name!r}: devices {self.first:,} to {self.first + self.count - 1:,} "
+                            f"go past {MAX_GPUS:,} (above the largest clusters built)")
 
     @property
     def devices(self) -> range:

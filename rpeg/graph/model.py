@@ -34,7 +34,9 @@ _SIZE_BOUNDS = (("layers", 2_048, "the deepest models built have about 160; the 
                 ("v_head_dim", 65_536, ""),
                 ("ffn", 16_777_216, ""), ("vocab", 16_777_216, ""), ("experts", 1_048_576, ""),
                 ("experts_per_token", 1_048_576, ""), ("moe_ffn", 16_777_216, ""), ("shared_experts", 65_536, ""),
-                ("kv_lora_rank", 1_048_576, ""), ("q_lora_rank", 1_048_576, ""), ("rope_head_dim", 65_536, ""))
+                ("kv_lora_rank", 1_048_576, ""), ("q_lora_rank", 1_048_576, ""), ("rope_head_dim", 65_536, ""),
+                ("dense_layers", 2_048, ""),
+                ("position_embeddings", 16_777_216, "a learned table longer than the longest context shipped (10 Mi)"))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,6 +76,8 @@ class ModelSpec:
             object.__setattr__(self, "head_dim", self.hidden // max(self.heads, 1))
         if self.v_head_dim == 0:
             object.__setattr__(self, "v_head_dim", self.head_dim)
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise RpegError(f"name = {self.name!r}: a model needs a name (it labels the plan and its files)")
         problems = []
         for f in ("layers", "hidden", "heads", "kv_heads", "vocab"):
             if getattr(self, f) <= 0:

@@ -25,6 +25,9 @@ def model_names() -> list[str]:
 
 
 def get_model(name: str) -> ModelSpec:
+    if not isinstance(name, str) or not name.strip():
+        got = "an empty name" if isinstance(name, str) else repr(name)
+        raise RpegError(f"a model preset is a name (see `rpeg models`), got {got}")
     try:
         return _PRESETS[name.lower()]()
     except KeyError:

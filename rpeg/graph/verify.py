@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rpeg.errors import RpegError
+from rpeg.graph.bounds import MAX_MICROBATCHES
 from rpeg.graph.graph import REFIT_GATHERS, Graph
 from rpeg.graph.nodes import DIMS, DTYPE_BYTES, MODEL_KINDS, Kind, Stage, Stream
 
@@ -304,6 +305,8 @@ def stream_problem(g: Graph, stream: Stream) -> str | None:
         return f"{cons.name!r} reads nothing that {prod.name!r} writes"
     if stream.microbatches < 2:
         return f"streaming needs at least 2 micro-batches, got {stream.microbatches}"
+    if stream.microbatches > MAX_MICROBATCHES:
+        return f"{stream.microbatches:,} micro-batches exceed {MAX_MICROBATCHES:,} (the most a stream is split into)"
     seqs = g.stage_sequences(prod)
     if stream.microbatches > seqs:
         return f"{stream.microbatches} micro-batches exceed the {seqs:g} sequences {prod.name!r} produces"

@@ -15,6 +15,7 @@ import pathlib
 from typing import Any, get_args
 
 from rpeg.errors import RpegError
+from rpeg.graph.bounds import MAX_GPUS, show
 from rpeg.graph.serde import parse_yaml, read_yaml_file
 from rpeg.hardware.device import FIGURES, HOSTS, MAY_BE_ZERO, OPTIONAL, QUANTITY, UNITS, Device, split_unit, to_si
 from rpeg.hardware.topology import Cluster, Level, Link
@@ -25,6 +26,13 @@ CPU_LOCAL_FILE = "cpu-local.yaml"
 DEVICE_KEYS = ("name", "kind", "description", "host", "sources")
 CLUSTER_KEYS = ("name", "description", "device", "gpus", "gpu_hour_usd", "levels", "sources")
 LEVEL_KEYS = ("name", "gpus", "link", "latency_us", "oversubscription", "sources")  # and bandwidth_<unit>
+# The range of a device or link figure, in SI units by quantity: far around every device built (an H100:
+# 9.9e14 bf16 FLOP/s, 8.6e10 bytes at 3.35e12 bytes/s; links' latencies are microseconds), so that a slip
+# (`bf16_dense_tflop_per_s: 1.0e-300`) is refused in one line, not turned into a step of 1e300 seconds.
+SI_RANGES = {"rate": (1e6, 1e18, "FLOP/s"), "bytes": (1e6, 1e15, "bytes"), "bandwidth": (1e3, 1e15, "bytes/s"),
+             "time": (0.0, 10.0, "s")}
+MAX_OVERSUBSCRIPTION = 1_000  # published fabrics taper 1:1 to 1:8
+MAX_GPU_HOUR_USD = 10_000.0  # list prices are 1-100 USD per device-hour
 
 
 # ---- names and files ---------------------------------------------------------------------------
@@ -97,7 +105,7 @@ def device_from_data(data: Any, where: str, default_name: str = "") -> Device:
         figure, unit = split
         if figure in figures:
             raise RpegError(f"{where}: {key}: {figure} is already given as {figures[figure][0]}")
-        number = _number(value, f"{where}: {key}", zero_ok=figure in MAY_BE_ZERO)
+        number = _number(value, f"{where}: {key}", zero_ok=figure in MAY_BE_ZERO, unit=unit)
         figures[figure] = (key, to_si(number, unit))
     missing = [f for f in FIGURES if f not in figures and f not in OPTIONAL]
     if missing:
@@ -111,8 +119,9 @@ def device_from_data(data: Any, where: str, default_name: str = "") -> Device:
     kind = data.get("kind", "gpu")
     if kind not in ("gpu", "cpu"):
         raise RpegError(f"{where}: kind: {kind!r} is not one of 'gpu', 'cpu'")
+    name = _name(data.get("name", default_name), f"{where}: name")
     try:
-        return Device(name=_text(data.get("name", default_name), f"{where}: name"), kind=kind,
+        return Device(name=name, kind=kind,
                       description=_text(data.get("description", ""), f"{where}: description"),
                       host=host, sources=sources, **{FIGURES[f]: v for f, (_, v) in figures.items()})
     except RpegError as e:
@@ -171,7 +180,7 @@ def _loopback(data: Any, where: str) -> dict | None:
     if not isinstance(link, dict) or set(link) != {"bandwidth_gbit_per_s", "latency_us", "sources"}:
         raise RpegError(f"{where}: expected bandwidth_gbit_per_s, latency_us and sources")
     for key in ("bandwidth_gbit_per_s", "latency_us"):
-        _number(link[key], f"{where}.{key}")
+        _number(link[key], f"{where}.{key}", unit=split_unit(key)[1])
     return link
 
 
@@ -220,10 +229,11 @@ def cluster_from_data(data: Any, where: str, default_name: str = "", device: Dev
     for key in ("device", "levels"):
         if key not in data:
             raise RpegError(f"{where}: {key}: missing (a cluster names its device and its levels)")
-    name = _text(data.get("name", default_name), f"{where}: name")
+    name = _name(data.get("name", default_name), f"{where}: name")
     device = device if device is not None else _cluster_device(data["device"], where, name)
-    gpus = _integer(data["gpus"], f"{where}: gpus", zero_ok=True) if "gpus" in data else 0
-    price = _number(data["gpu_hour_usd"], f"{where}: gpu_hour_usd", zero_ok=True) if "gpu_hour_usd" in data else 0.0
+    gpus = _integer(data["gpus"], f"{where}: gpus", zero_ok=True, most=MAX_GPUS) if "gpus" in data else 0
+    price = (_number(data["gpu_hour_usd"], f"{where}: gpu_hour_usd", zero_ok=True, most=MAX_GPU_HOUR_USD)
+             if "gpu_hour_usd" in data else 0.0)
     sources = list(_sources(data.get("sources"), [k for k in ("gpus", "gpu_hour_usd") if k in data], where))
     raw_levels = data["levels"]
     if not isinstance(raw_levels, list) or not raw_levels:
@@ -264,7 +274,7 @@ def _level(raw: Any, where: str, device: Device, below: int, outermost_gpus: int
     if not isinstance(raw, dict):
         raise RpegError(f"{where}: expected a mapping, got {_show(raw)}")
     name = raw.get("name")
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str) or not name.strip():
         raise RpegError(f"{where}.name: missing (every level has a name: node, rack, system, ...)")
     where = f"{where} ({name})"
     bandwidth_key = None
@@ -281,13 +291,14 @@ def _level(raw: Any, where: str, device: Device, below: int, outermost_gpus: int
     if link not in get_args(Link):
         raise RpegError(f"{where}.link: {link!r} is not one of {', '.join(get_args(Link))}")
     if "gpus" in raw:
-        gpus = _integer(raw["gpus"], f"{where}.gpus")
+        gpus = _integer(raw["gpus"], f"{where}.gpus", most=MAX_GPUS)
     elif outermost_gpus is not None:
         gpus = max(below, math.ceil(outermost_gpus / below) * below)
     else:
         raise RpegError(f"{where}.gpus: missing (devices in one unit; only the outermost level may leave it out)")
     if bandwidth_key:
-        bandwidth = to_si(_number(raw[bandwidth_key], f"{where}.{bandwidth_key}"), split_unit(bandwidth_key)[1])
+        unit = split_unit(bandwidth_key)[1]
+        bandwidth = to_si(_number(raw[bandwidth_key], f"{where}.{bandwidth_key}", unit=unit), unit)
     elif link == "memory":
         bandwidth = device.hbm_bandwidth_bytes_per_s
     else:
@@ -295,8 +306,9 @@ def _level(raw: Any, where: str, device: Device, below: int, outermost_gpus: int
                         f"or bandwidth_gbit_per_s for a NIC)")
     if "latency_us" not in raw:
         raise RpegError(f"{where}.latency_us: missing")
-    latency = to_si(_number(raw["latency_us"], f"{where}.latency_us"), "us")
-    oversubscription = _number(raw.get("oversubscription", 1.0), f"{where}.oversubscription")
+    latency = to_si(_number(raw["latency_us"], f"{where}.latency_us", unit="us"), "us")
+    oversubscription = _number(raw.get("oversubscription", 1.0), f"{where}.oversubscription",
+                               most=MAX_OVERSUBSCRIPTION)
     if oversubscription < 1:
         raise RpegError(f"{where}.oversubscription: must be at least 1 (1 = full bandwidth), got {oversubscription}")
     figures = [k for k in ("gpus", bandwidth_key, "latency_us", "oversubscription") if k and k in raw]
@@ -327,16 +339,27 @@ def _sources(value: Any, keys: list[str], where: str, sep: str = ": ") -> tuple[
     return tuple((k, value[k].strip()) for k in keys)
 
 
-def _number(value: Any, where: str, zero_ok: bool = False) -> float:
+def _number(value: Any, where: str, zero_ok: bool = False, unit: str | None = None,
+            most: float | None = None) -> float:
+    """A finite number, positive (or zero where `zero_ok`), within its quantity's SI_RANGES when `unit`
+    names its unit and at most `most` when given."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise RpegError(f"{where}: expected a number, got {_show(value)}")
     if value < 0 or (value == 0 and not zero_ok):
         raise RpegError(f"{where}: must be {'zero or ' if zero_ok else ''}positive, got {value}")
+    if unit is not None and value:
+        lo, hi, si = SI_RANGES[UNITS[unit][0]]
+        one = to_si(1.0, unit)
+        if not lo <= to_si(value, unit) <= hi:
+            raise RpegError(f"{where}: {value:g} is outside [{lo / one:g}, {hi / one:g}] ({lo:g} to {hi:g} {si}; "
+                            "every device built lies far inside)")
+    if most is not None and value > most:
+        raise RpegError(f"{where}: {show(value)} exceeds {show(most)}")
     return float(value)
 
 
-def _integer(value: Any, where: str, zero_ok: bool = False) -> int:
-    number = _number(value, where, zero_ok)
+def _integer(value: Any, where: str, zero_ok: bool = False, most: float | None = None) -> int:
+    number = _number(value, where, zero_ok, most=most)
     if not number.is_integer():
         raise RpegError(f"{where}: expected a whole number, got {value}")
     return int(number)
@@ -346,6 +369,12 @@ def _text(value: Any, where: str) -> str:
     if not isinstance(value, str):
         raise RpegError(f"{where}: expected a string, got {_show(value)}")
     return value
+
+
+def _name(value: Any, where: str) -> str:
+    if isinstance(value, str) and not value.strip():
+        raise RpegError(f"{where}: an empty name (it labels the plans and tables; leave the key out for the file's)")
+    return _text(value, where)
 
 
 def _units_text() -> str:

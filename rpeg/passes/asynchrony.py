@@ -9,6 +9,7 @@ generation stage now reads its model at lag k, so the weight edge into it spans 
 from __future__ import annotations
 
 from rpeg.graph import Graph, Kind
+from rpeg.graph.bounds import MAX_STALENESS
 from rpeg.passes.base import call_text, finish, refuse
 
 
@@ -16,6 +17,8 @@ def bound_asynchrony(graph: Graph, k: int) -> Graph:
     call = call_text("bound_asynchrony", k=k)
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         raise refuse(call, f"k must be a whole number of steps >= 0, got {k!r}")
+    if k > MAX_STALENESS:
+        raise refuse(call, f"k = {k:,} exceeds {MAX_STALENESS} (published systems use 1-8)")
     for group in graph.fusion:
         kinds = {graph.stage(s).kind for s in group}
         if k > 0 and Kind.GENERATE in kinds and len({graph.stage(s).model for s in group} - {None}) == 1 \

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rpeg.graph import Graph, Stream
+from rpeg.graph.bounds import MAX_MICROBATCHES
 from rpeg.graph.verify import stream_problem
 from rpeg.passes.base import call_text, finish, refuse
 
@@ -20,6 +21,9 @@ def stream(graph: Graph, microbatches: int, edges: Sequence[Sequence[str]] | Non
     call = call_text("stream", microbatches=microbatches, edges=[list(e) for e in edges] if edges else None)
     if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 2:
         raise refuse(call, f"microbatches must be a whole number >= 2, got {microbatches!r}")
+    if microbatches > MAX_MICROBATCHES:
+        raise refuse(call, f"microbatches = {microbatches:,} exceeds {MAX_MICROBATCHES:,} (per-sample streaming of the "
+                     "largest published batches stays below; the simulator tracks every part of every step)")
     if edges is None:
         pairs = [(e.src, e.dst) for e in graph.data_edges()]
         chosen = [Stream(producer=p, consumer=c, microbatches=microbatches) for p, c in pairs

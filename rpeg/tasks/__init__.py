@@ -21,7 +21,7 @@ TASKS: dict[str, type[Task]] = {t.name: t for t in (Arithmetic, Countdown, GSM8K
 
 def get_task(name: str, **options) -> Task:
     """The task `name` built with `options` (its dataclass fields)."""
-    if name not in TASKS:
+    if not isinstance(name, str) or name not in TASKS:
         raise RpegError(f"unknown task {name!r} (known: {', '.join(TASKS)})")
     cls = TASKS[name]
     known = [f.name for f in dataclasses.fields(cls) if f.init]

@@ -4,13 +4,15 @@ never pass; valid extreme values are accepted."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
 from rpeg.cli import main
 from rpeg.errors import RpegError
 from rpeg.graph import Job, LengthDistribution
-from rpeg.graph.bounds import MAX_POINTS, MAX_PROMPTS, MAX_TOKENS, problem
+from rpeg.graph.bounds import (MAX_GPUS, MAX_MICROBATCHES, MAX_MINI_BATCHES, MAX_POINTS, MAX_PROMPTS, MAX_SIGMA,
+                               MAX_STALENESS, MAX_TOKENS, MIN_SIGMA, problem)
 from rpeg.graph.config import AlgoConfig
 
 
@@ -118,3 +120,59 @@ def test_huge_integers_are_shown_without_overflow():
     assert problem("prompts", 10**400, maximum=10) == "prompts = 1.00e+400 exceeds 10"
     with pytest.raises(RpegError, match=r"prompts = 1.00e\+400 exceeds"):
         Job(prompts=10**400)
+
+
+# ---- issue 23, item 4: tiny positives, and counts that had no upper bound -----------------------
+@pytest.mark.parametrize("kw, needle", [
+    ({"kind": "lognormal", "mean": 1e-300, "max": 100}, "lognormal mean = 1e-300 must be at least 1 token"),
+    ({"kind": "fixed", "mean": 5e-324}, "fixed mean = 4.94066e-324 must be at least 1 token"),
+    ({"kind": "lognormal", "mean": 100, "max": 1000, "sigma": 1e-300}, "sigma = 1e-300 must be at least 0.01"),
+    ({"kind": "lognormal", "mean": 100, "max": 1000, "sigma": 30.0}, "sigma = 30 exceeds 10.0"),
+])
+def test_length_ranges(kw, needle):
+    with pytest.raises(RpegError, match="response length") as err:
+        LengthDistribution(**kw)
+    assert needle in str(err.value)
+
+
+def test_length_range_edges_are_accepted_and_stay_finite():
+    for sigma in (MIN_SIGMA, MAX_SIGMA):
+        for mean, cap in ((1, 2), (1, MAX_TOKENS), (MAX_TOKENS, MAX_TOKENS)):
+            d = LengthDistribution(kind="lognormal", mean=mean, max=cap, sigma=sigma)
+            assert all(math.isfinite(x) for x in (*d.moments(), d.expected_max(10**6), d.quantile(0.5)))
+    assert LengthDistribution(kind="fixed", mean=1).max == 1
+
+
+def test_counts_have_upper_bounds():
+    from rpeg.graph import DeviceGroup
+    from rpeg.graph.presets import get_model
+    from rpeg.passes import bound_asynchrony, stream
+
+    with pytest.raises(RpegError, match="mini_batches = 1,048,577 exceeds 1,048,576"):
+        Job(prompts=MAX_PROMPTS, samples_per_prompt=2, mini_batches=MAX_MINI_BATCHES + 1)
+    assert Job(prompts=MAX_PROMPTS, samples_per_prompt=2, mini_batches=MAX_MINI_BATCHES).mini_batches == MAX_MINI_BATCHES
+    with pytest.raises(RpegError, match="position_embeddings = 16,777,217 exceeds 16,777,216"):
+        get_model("tiny-qwen2").replace(position_embeddings=MAX_TOKENS + 1)
+    with pytest.raises(RpegError, match="devices 999,999 to 1,000,000 go past 1,000,000"):
+        DeviceGroup(name="g", first=MAX_GPUS - 1, count=2)
+    assert DeviceGroup(name="g", first=MAX_GPUS - 1, count=1).count == 1
+    from rpeg.algorithms import Models, build_graph
+
+    big = Job(prompts=MAX_PROMPTS, samples_per_prompt=100, mini_batches=4)
+    g = build_graph("ppo", big, Models(actor=get_model("tiny-qwen2")))
+    assert any(s.microbatches == MAX_MICROBATCHES for s in stream(g, MAX_MICROBATCHES).streams)
+    with pytest.raises(RpegError, match="microbatches = 65,537 exceeds 65,536"):
+        stream(g, MAX_MICROBATCHES + 1)
+    assert bound_asynchrony(g, MAX_STALENESS).async_bound == MAX_STALENESS
+    with pytest.raises(RpegError, match="k = 65 exceeds 64"):
+        bound_asynchrony(g, MAX_STALENESS + 1)
+
+
+def test_names_that_are_not_strings_or_are_empty():
+    from rpeg.graph.presets import get_model
+
+    for bad, needle in ((3, "got 3"), (None, "got None"), (["a"], "got ['a']"), ("", "got an empty name")):
+        with pytest.raises(RpegError, match=re.escape(f"a model preset is a name (see `rpeg models`), {needle}")):
+            get_model(bad)
+    with pytest.raises(RpegError, match="name = '': a model needs a name"):
+        get_model("tiny-qwen2").replace(name="")

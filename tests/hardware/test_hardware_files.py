@@ -110,6 +110,15 @@ def test_a_memory_level_may_take_the_device_bandwidth(tmp_path):
     (lambda t: t + "hbm_capacity_gb: 64\n", ["hbm_capacity_gb", "already given"]),
     (lambda t: t.replace("kind: gpu", "kind: tpu"), ["kind", "tpu"]),
     (lambda t: t.replace("name: my-gpu", "name: [oops"), ["bad.yaml:2", "malformed YAML"]),
+    # out of every device's range: a step of 1e300 seconds before (issue 23)
+    (lambda t: t.replace("bf16_dense_tflop_per_s: 500", "bf16_dense_tflop_per_s: 1.0e-300"),
+     ["bf16_dense_tflop_per_s: 1e-300 is outside [1e-06, 1e+06]", "1e+06 to 1e+18 FLOP/s"]),
+    (lambda t: t.replace("fp16_dense_tflop_per_s: 500", "fp16_dense_tflop_per_s: 1.0e+300"),
+     ["fp16_dense_tflop_per_s: 1e+300 is outside"]),
+    (lambda t: t.replace("hbm_bandwidth_tb_per_s: 2.5", "hbm_bandwidth_tb_per_s: 1.0e-300"),
+     ["hbm_bandwidth_tb_per_s: 1e-300 is outside [1e-09, 1000]", "bytes/s"]),
+    (lambda t: t.replace("hbm_capacity_gib: 64", "hbm_capacity_gib: 1.0e-300"), ["hbm_capacity_gib: 1e-300 is outside"]),
+    (lambda t: t.replace("name: my-gpu", "name: ''"), ["name: an empty name"]),
 ])
 def test_device_errors_name_the_file_and_the_key(tmp_path, edit, words):
     path = write(tmp_path, "bad.yaml", edit(DEVICE))
@@ -138,6 +147,16 @@ def test_device_errors_name_the_file_and_the_key(tmp_path, edit, words):
         "{bandwidth_gbit_per_s: our NICs", "{gpus: ours, bandwidth_gbit_per_s: our NICs"), ["8 -> 12", "whole multiples"]),
     (lambda t: t.replace("gpus: 32", "gpus: 30"), None),  # fine: the system level rounds up to 32
     (lambda t: t.replace("levels:", "level:"), ["level", "unknown key"]),
+    (lambda t: t.replace("bandwidth_gb_per_s: 450", "bandwidth_gb_per_s: 1.0e-300"),
+     ["levels[0] (node).bandwidth_gb_per_s: 1e-300 is outside [1e-06, 1e+06]"]),
+    (lambda t: t.replace("latency_us: 3", "latency_us: 1.0e+300"), ["levels[0] (node).latency_us: 1e+300 is outside"]),
+    (lambda t: t.replace("oversubscription: 4", "oversubscription: 1.0e+300"),
+     ["levels[1] (system).oversubscription: 1e+300 exceeds 1,000"]),
+    (lambda t: t.replace("gpu_hour_usd: 2.5", "gpu_hour_usd: 1.0e+300"), ["gpu_hour_usd: 1e+300 exceeds 10,000"]),
+    (lambda t: t.replace("gpus: 32", "gpus: 1000000000000000"), ["gpus: 1,000,000,000,000,000 exceeds 1,000,000"]),
+    (lambda t: t.replace("gpus: 8", "gpus: 1000000000000000"), ["levels[0] (node).gpus: 1,000,000,000,000,000 exceeds"]),
+    (lambda t: t.replace("name: lab", "name: ' '"), ["name: an empty name"]),
+    (lambda t: t.replace("name: node", "name: ' '"), ["levels[0].name: missing"]),
 ])
 def test_cluster_errors_name_the_file_and_the_key(tmp_path, edit, words):
     path = write(tmp_path, "bad.yaml", edit(CLUSTER))

@@ -33,7 +33,7 @@ def distributions(draw):
         return LengthDistribution(kind="uniform", min=lo, max=hi)
     if kind == "lognormal":
         cap = draw(st.integers(1, 32768))
-        return LengthDistribution(kind="lognormal", mean=draw(st.floats(0.5, float(cap))), max=cap,
+        return LengthDistribution(kind="lognormal", mean=draw(st.floats(1.0, float(cap))), max=cap,
                                   sigma=draw(st.floats(0.01, 3.0)))
     return LengthDistribution(kind="empirical", points=tuple(draw(st.lists(lengths, min_size=1, max_size=20))))
 
