@@ -14,7 +14,8 @@
     passes:                  # optional pass pipeline
       - bound_asynchrony: {k: 1}
 
-Unknown keys are errors (a typo silently ignored is a wrong plan).
+Unknown keys are errors (a typo silently ignored is a wrong plan), and so is an empty name
+(`cluster: ""`, `critic: ""`: left out, a key takes its default; given empty, it is a mistake).
 """
 
 from __future__ import annotations
@@ -63,12 +64,21 @@ class JobSpec:
 
 def model_from(data: Any, where: str) -> ModelSpec:
     if isinstance(data, str):
-        return get_model(data)
+        return get_model(_name(data, where, "a model preset name (see `rpeg models`)"))
     if isinstance(data, dict):
         if set(data) == {"preset"}:
-            return get_model(data["preset"])
+            return get_model(_name(data["preset"], f"{where}.preset", "a model preset name (see `rpeg models`)"))
         return from_data(ModelSpec, {"name": "custom", **data}, where)
     raise RpegError(f"{where}: expected a model name or a mapping of its dimensions, got {data!r}")
+
+
+def _name(value: Any, where: str, what: str) -> str:
+    """A name a user gave: a string that is not empty (an empty one would silently mean a default)."""
+    if not isinstance(value, str):
+        raise RpegError(f"{where}: expected {what}, a string, got {value!r}")
+    if not value.strip():
+        raise RpegError(f"{where}: an empty name; expected {what}")
+    return value
 
 
 def spec_from_data(data: Any, source: str = "job") -> JobSpec:
@@ -80,26 +90,29 @@ def spec_from_data(data: Any, source: str = "job") -> JobSpec:
     for key in ("algorithm", "model"):
         if key not in data:
             raise RpegError(f"{source}: missing {key!r}")
-    algorithm = get_algorithm(str(data["algorithm"])).name
+    algorithm = get_algorithm(_name(data["algorithm"], f"{source}: algorithm", "an algorithm (`rpeg algorithms`)")).name
     reward = data.get("reward", "rule")
     models = Models(
         actor=model_from(data["model"], f"{source}: model"),
-        critic=model_from(data["critic"], f"{source}: critic") if data.get("critic") else None,
-        reference=model_from(data["reference"], f"{source}: reference") if data.get("reference") else None,
+        critic=model_from(data["critic"], f"{source}: critic") if data.get("critic") is not None else None,
+        reference=model_from(data["reference"], f"{source}: reference") if data.get("reference") is not None else None,
         reward=None if reward in (None, "rule") else model_from(reward, f"{source}: reward"),
     )
     job = from_data(Job, {} if data.get("job") is None else data["job"], "job")
     config = {} if data.get("config") is None else data["config"]
     if not isinstance(config, dict):
         raise RpegError(f"{source}: config must be a mapping of algorithm options")
+    unnamed = [k for k in config if not isinstance(k, str)]
+    if unnamed:
+        raise RpegError(f"{source}: config: option {unnamed[0]!r} is not a name (`rpeg algorithms` lists the options)")
     gpus = data.get("gpus")
     if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
         raise RpegError(f"{source}: gpus must be a positive whole number, got {gpus!r}")
     if gpus is not None and gpus > MAX_GPUS:
         raise RpegError(f"{source}: gpus = {show(gpus)} exceeds {MAX_GPUS:,} (above the largest clusters built)")
     cluster = data.get("cluster")
-    if cluster is not None and not isinstance(cluster, str):
-        raise RpegError(f"{source}: cluster must be a preset name or a file path, got {cluster!r}")
+    if cluster is not None:
+        cluster = _name(cluster, f"{source}: cluster", "a cluster preset (`rpeg hardware`) or a cluster file")
     return JobSpec(algorithm=algorithm, models=models, job=job, config=dict(config),
                    passes=PassPipeline.from_data(data.get("passes")), cluster=cluster, gpus=gpus,
                    runtime=_runtime_section(data.get("runtime"), source))

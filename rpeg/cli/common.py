@@ -3,7 +3,8 @@ job options every planning command takes, and how they become a JobSpec.
 
 Number types: each flag's value is checked where it is parsed, so a bad one is one line naming the
 flag and its range (`--gpus: 0 must be in [1, 1,000,000]`), never a traceback deeper in, and never
-a silent fall-back to a default. Command modules import this module, never each other.
+a silent fall-back to a default. Names likewise (`name`): `--cluster ''` is an error, not the
+default cluster. Command modules import this module, never each other.
 """
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ import math
 import os
 
 from rpeg.errors import RpegError
-from rpeg.graph.bounds import MAX_COEF, MAX_TOKENS
+from rpeg.graph.bounds import MAX_COEF, MAX_STALENESS, MAX_TOKENS
 from rpeg.report import params
 
 MAX_STEPS = 10_000  # steps unrolled or simulated: the steady state shows within a few (k + 2)
-MAX_STALENESS = 64  # async bound: published systems use 1-8; the planner tries every k up to it
 
 
 def count(lo: int, hi: int):
@@ -30,6 +30,23 @@ def count(lo: int, hi: int):
 def real(lo: float, hi: float):
     """A finite number in [lo, hi]."""
     return _ranged(float, "a number", lo, hi)
+
+
+def name(what: str):
+    """A name or a path that is not empty: an empty one (`--cluster ''`) would silently mean the default."""
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"an empty name; expected {what}")
+        return text
+
+    parse.__name__ = "name"
+    return parse
+
+
+# the flag types of the names most commands take
+CLUSTER = name("a cluster preset name or a cluster file")
+FOLDER = name("an output folder")
+PRESET = name("a model preset name")
 
 
 def _ranged(convert, what: str, lo: float, hi: float):
@@ -61,10 +78,11 @@ class Parser(argparse.ArgumentParser):
 
 def job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("algorithm", metavar="ALGO|JOB.yaml", help="algorithm name, or a job file")
-    p.add_argument("--model", help="actor model preset (see `rpeg models`)")
-    p.add_argument("--critic", help="critic model preset (PPO; default: the actor's)")
-    p.add_argument("--reference", help="reference model preset (default: the actor's)")
-    p.add_argument("--reward", default="rule", help="reward model preset, or 'rule' (default)")
+    p.add_argument("--model", type=PRESET, help="actor model preset (see `rpeg models`)")
+    p.add_argument("--critic", type=PRESET, help="critic model preset (PPO; default: the actor's)")
+    p.add_argument("--reference", type=PRESET, help="reference model preset (default: the actor's)")
+    p.add_argument("--reward", type=name("a model preset name or rule"), default="rule",
+                   help="reward model preset, or 'rule' (default)")
     g = p.add_argument_group("job")
     g.add_argument("--prompts", type=int, default=64, help="prompts per step (64)")
     g.add_argument("--samples", "-n", type=int, default=8, help="samples per prompt (8)")

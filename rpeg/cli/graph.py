@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rpeg.cli.common import MAX_STEPS, count, header, job_options, job_spec, print_json
+from rpeg.cli.common import FOLDER, MAX_STEPS, count, header, job_options, job_spec, print_json
 from rpeg.outfolder import OutputFolder
 from rpeg.report import params, si, table
 
@@ -12,7 +12,8 @@ from rpeg.report import params, si, table
 def add_parsers(sub) -> None:
     show = sub.add_parser("show", help="stages, fields and bytes per step; writes DOT and PNG")
     job_options(show)
-    show.add_argument("--out", default="rpeg-out", help="folder for the DOT and PNG files (rpeg-out)")
+    show.add_argument("--out", type=FOLDER, default="rpeg-out",
+                      help="folder for the DOT and PNG files (rpeg-out)")
     show.set_defaults(fn=cmd_show)
     an = sub.add_parser("analyze", help="work-depth analysis of a pipeline")
     job_options(an)

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 
-from rpeg.cli.common import MAX_STALENESS, MAX_STEPS, count, print_json, real
+from rpeg.cli.common import CLUSTER, FOLDER, MAX_STALENESS, MAX_STEPS, PRESET, count, name, print_json, real
 from rpeg.errors import RpegError
 from rpeg.graph.bounds import MAX_TOKENS
 from rpeg.interop import SYSTEMS
-from rpeg.outfolder import OutputFolder
+from rpeg.outfolder import OutputFolder, writable_file
 from rpeg.report import table
 
 DEFAULT_CLUSTER = "dgx-h100"
@@ -33,14 +34,17 @@ def add_parsers(sub) -> None:
     im = sub.add_parser("import", help="read a verl / OpenRLHF / AReaL job; its predicted step beside RPEG's plan")
     im.add_argument("file", metavar="FILE", help="the peer's launch script or config file")
     im.add_argument("--from", dest="system", required=True, choices=SYSTEMS, help="the system the file is for")
-    im.add_argument("--model", help="RPEG preset of the actor when the config's model path names none (`rpeg models`)")
+    im.add_argument("--model", type=PRESET,
+                    help="RPEG preset of the actor when the config's model path names none (`rpeg models`)")
     im.add_argument("--response-mean", type=real(1, MAX_TOKENS),
                     help="mean response tokens (a config gives only the cap; default: a third of it)")
-    im.add_argument("--cluster", help=f"cluster preset or file the job runs on (default {DEFAULT_CLUSTER})")
+    im.add_argument("--cluster", type=CLUSTER,
+                    help=f"cluster preset or file the job runs on (default {DEFAULT_CLUSTER})")
     im.add_argument("--max-staleness", type=count(0, MAX_STALENESS), default=1,
                     help="largest async bound RPEG's search may use (1)")
     im.add_argument("--steps", type=count(1, MAX_STEPS), default=8, help="steps to simulate (8)")
-    im.add_argument("--out", default="rpeg-out", help="folder for the job files and RPEG's plan as a config (rpeg-out)")
+    im.add_argument("--out", type=FOLDER, default="rpeg-out",
+                    help="folder for the job files and RPEG's plan as a config (rpeg-out)")
     im.add_argument("--json", action="store_true", help="print JSON")
     im.set_defaults(fn=cmd_import)
 
@@ -48,9 +52,10 @@ def add_parsers(sub) -> None:
     ex.add_argument("plan", metavar="PLAN.yaml", help="a job file whose passes make a complete plan "
                     "(rpeg plan and rpeg import write them)")
     ex.add_argument("--to", dest="system", required=True, choices=SYSTEMS, help="the system to write for")
-    ex.add_argument("--cluster", help="cluster for the predicted costs (default: the plan's, else "
+    ex.add_argument("--cluster", type=CLUSTER, help="cluster for the predicted costs (default: the plan's, else "
                     f"{DEFAULT_CLUSTER})")
-    ex.add_argument("--out", help="file to write (default: print to standard output)")
+    ex.add_argument("--out", type=name("a file to write"),
+                    help="file to write (default: print to standard output)")
     ex.set_defaults(fn=cmd_export)
 
 
@@ -59,12 +64,17 @@ def _read_text(path: str) -> str:
         raise RpegError(f"{path}: no such file")
     if os.path.isdir(path):
         raise RpegError(f"{path}: is a folder, not a file")
+    if not stat.S_ISREG(os.stat(path).st_mode):  # /dev/zero, a FIFO: endless, or waiting for a writer
+        raise RpegError(f"{path}: not a regular file")
+    too_big = f"{path}: more than {MAX_FILE_BYTES >> 20} MiB is not a launch script or config"
     if os.path.getsize(path) > MAX_FILE_BYTES:
-        raise RpegError(f"{path}: {os.path.getsize(path):,} bytes is not a launch script or config "
-                        f"(more than {MAX_FILE_BYTES >> 20} MiB)")
+        raise RpegError(too_big)
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)  # bounded: a /proc file reports size 0 whatever it holds
+        if len(raw) > MAX_FILE_BYTES:
+            raise RpegError(too_big)
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise RpegError(f"{path}: not a text file (UTF-8)") from None
     except OSError as e:
@@ -200,9 +210,13 @@ def cmd_import(args: argparse.Namespace) -> int:
     else:
         print(f"\nRPEG's plan: {best.name}")
         print(f"  searched {result.evaluated} candidates in {result.seconds:.1f} s")
-        if exported["left_out"]:
-            print(f"  as {args.system} config ({os.path.basename(files['rpeg_plan_for_peer'])}), without what "
-                  f"{args.system} cannot express: {exported['as_written_s']:.1f} s a step")
+        as_written = exported["as_written_s"]
+        if exported["left_out"] or as_written is None:
+            # what the peer cannot express may be what made the plan fit (reference on the host, a
+            # shared critic): written without it, the plan can run out of memory
+            without = f", without what {args.system} cannot express" if exported["left_out"] else ""
+            print(f"  as {args.system} config ({os.path.basename(files['rpeg_plan_for_peer'])}){without}: "
+                  + (f"{as_written:.1f} s a step" if as_written is not None else "does not fit in memory"))
             for line in exported["left_out"]:
                 print(f"    - {line}")
     print("\nwrote " + ", ".join(written))
@@ -259,6 +273,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     from rpeg.interop import system
     from rpeg.interop.common import load_view
 
+    if args.out is not None:  # checked before any work
+        folder = os.path.dirname(os.path.abspath(args.out))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise RpegError(f"--out {args.out}: cannot write in {folder}")
+        writable_file(args.out)  # not a folder, a device, or in a folder where nothing can be made (/proc, /sys)
     data = read_yaml_file(args.plan)
     if not isinstance(data, dict):
         raise RpegError(f"{args.plan}: expected a job file (a mapping with algorithm, model, job, passes)")
@@ -271,15 +290,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.out is None:
         print(exported["text"], end="")
         return 0
-    folder = os.path.dirname(os.path.abspath(args.out))
-    if os.path.isdir(args.out):
-        raise RpegError(f"--out {args.out}: is a folder; name the file to write")
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        raise RpegError(f"--out {args.out}: cannot write in {folder}")
     tmp = args.out + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(exported["text"])
-    os.replace(tmp, args.out)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(exported["text"])
+        os.replace(tmp, args.out)
+    except OSError as e:
+        raise RpegError(f"--out {args.out}: {e.strerror}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     print(f"wrote {args.out} ({args.system}); " + (f"predicted {exported['as_written_s']:.2f} s a step"
                                                   if exported["as_written_s"] else "does not fit in memory"))
     for line in exported["left_out"]:

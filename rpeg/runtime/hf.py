@@ -44,9 +44,13 @@ def gguf_path(src: str) -> str:
         return path
     if not os.path.isfile(src):
         raise RpegError(f"no such GGUF file: {src} (or a short name: {', '.join(SHORT_NAMES)})")
-    with open(src, "rb") as fh:
-        if fh.read(4) != b"GGUF":
-            raise RpegError(f"{src} is not a GGUF file (it does not start with the GGUF magic)")
+    try:
+        with open(src, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as e:  # /proc/self/mem, a file it may not read
+        raise RpegError(f"cannot read {src}: {e.strerror}") from None
+    if magic != b"GGUF":
+        raise RpegError(f"{src} is not a GGUF file (it does not start with the GGUF magic)")
     return src
 
 

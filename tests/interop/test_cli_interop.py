@@ -83,3 +83,22 @@ def test_bad_input_is_one_line(capsys, tmp_path, argv, message):
     rc, out, err = run(capsys, *argv, *(["--out", tmp_path / "o"] if argv[0] == "import" else []))
     assert rc == 2 and message in err and err.count("\n") == 1, err
     assert not (tmp_path / "o").exists()  # nothing half written
+
+
+def test_import_says_when_rpegs_plan_as_the_peers_config_does_not_fit(capsys, tmp_path):
+    """Qwen2.5-32B on verl's 8 GPUs: RPEG's plan fits, but not as verl's config (without ZeRO-3 and the
+    fused logprobs). The line said so by formatting None: a TypeError after the tables (issue 23)."""
+    argv = ["import", DATA / "verl" / "run_qwen3-8b.sh", "--from", "verl", "--model", "qwen2.5-32B", "--steps", 1]
+    rc, out, err = run(capsys, *argv, "--out", tmp_path / "o")
+    assert rc == 0 and err == "", err
+    assert "where the time goes (verl as configured)" in out and "RPEG's plan: rpeg:" in out
+    line = next(x for x in out.splitlines() if x.startswith("  as verl config"))
+    assert line == ("  as verl config (rpeg-plan-verl.sh), without what verl cannot express: "
+                    "does not fit in memory"), line
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["rpeg-plan-verl.sh", "rpeg-plan.yaml",
+                                                                  "verl-job.yaml"]
+    assert "this config does not fit in memory" in (tmp_path / "o" / "rpeg-plan-verl.sh").read_text()
+    rc, out, _ = run(capsys, *argv, "--out", tmp_path / "j", "--json")
+    data = json.loads(out)
+    assert rc == 0 and data["rpeg_plan"] and data["export"]["as_written_s"] is None
+    assert data["export"]["full_plan_s"] > 0
