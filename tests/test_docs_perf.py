@@ -37,4 +37,5 @@ def test_the_readme_summary_of_the_validation_is_current():
     text = (DOC.parents[1] / "README.md").read_text()
     found = docs_validate_blocks.SUMMARY.search(text)
     assert found, "README has no validate-summary block"
-    assert found.group(2) == docs_validate_blocks.summary(), "run scripts/docs_validate_blocks.py docs/perf.md README.md"
+    assert found.group(2) == docs_validate_blocks.summary(), \
+        "run scripts/docs_validate_blocks.py docs/perf.md README.md"

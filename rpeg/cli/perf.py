@@ -114,10 +114,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print_json(report)
         return code
     codes, reports = [], {}
-    for i, (name, path) in enumerate(bundled().items()):
+    for i, (stem, path) in enumerate(bundled().items()):
         if not args.json:
-            print(("\n" if i else "") + f"== {name} ({path.name}) ==")
-        code, reports[name] = _validate(str(path), args.json)
+            print(("\n" if i else "") + f"== {stem} ({path.name}) ==")
+        code, reports[stem] = _validate(str(path), args.json)
         codes.append(code)
     if args.json:
         print_json({"files": reports})
