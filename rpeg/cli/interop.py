@@ -41,7 +41,11 @@ def add_parsers(sub) -> None:
     im.add_argument("--cluster", type=CLUSTER,
                     help=f"cluster preset or file the job runs on (default {DEFAULT_CLUSTER})")
     im.add_argument("--max-staleness", type=count(0, MAX_STALENESS), default=1,
-                    help="largest async bound RPEG's search may use (1)")
+                    help="largest async bound RPEG's search may use (1; 0: keep the job's own)")
+    im.add_argument("--no-partial-rollout", action="store_true",
+                    help="RPEG's plan may not add partial rollout (responses that span weight versions)")
+    im.add_argument("--allow-share", action="store_true",
+                    help="RPEG's plan may share the critic's trunk with the actor (a different value model)")
     im.add_argument("--steps", type=count(1, MAX_STEPS), default=8, help="steps to simulate (8)")
     im.add_argument("--out", type=FOLDER, default="rpeg-out",
                     help="folder for the job files and RPEG's plan as a config (rpeg-out)")
@@ -90,12 +94,18 @@ def _predict(graph, cluster, steps: int):
     return pred, simulate(graph, cluster, steps) if pred.fits else None
 
 
+def _oom_text(pred, cluster) -> str:
+    """The stage that overflows the most, and by how much."""
+    worst = max(pred.oom, key=lambda c: c.peak_memory_bytes) if pred.oom else None
+    if worst is None:
+        return "out of memory"
+    return (f"{worst.stage} needs {worst.peak_memory_bytes / 1e9:.0f} GB per GPU of "
+            f"{cluster.device.hbm_capacity_bytes / 1e9:.0f} GB")
+
+
 def _summary(name: str, pred, tl, cluster, gpus: int, ref_s: float | None) -> dict:
     if not pred.fits:
-        worst = max(pred.oom, key=lambda c: c.peak_memory_bytes) if pred.oom else None
-        return {"plan": name, "fits": False, "step_s": None,
-                "does_not_fit": (f"{worst.stage} needs {worst.peak_memory_bytes / 1e9:.0f} GB per GPU of "
-                                 f"{cluster.device.hbm_capacity_bytes / 1e9:.0f} GB") if worst else "out of memory"}
+        return {"plan": name, "fits": False, "step_s": None, "does_not_fit": _oom_text(pred, cluster)}
     peak = max(c.peak_memory_bytes for c in pred.stages.values())
     return {"plan": name, "fits": True, "step_s": pred.step_s, "tokens_per_s": pred.tokens / pred.step_s,
             "utilization": tl.utilization, "mfu": tl.mfu, "peak_memory_gb": peak / 1e9,
@@ -119,7 +129,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     from rpeg.hardware import load_cluster
     from rpeg.interop import system
     from rpeg.interop.common import graph_of, job_data, view_of
-    from rpeg.search.search import NoFeasiblePlan, search
+    from rpeg.search.ladder import Permit, Start, allowed, ladder
+    from rpeg.search.layouts import LayoutCache
     from rpeg.spec import spec_data, spec_from_data
 
     out = OutputFolder(args.out)
@@ -134,18 +145,19 @@ def cmd_import(args: argparse.Namespace) -> int:
     job = {k: v for k, v in job_data(view).items() if k != "passes"}
     spec = spec_from_data(job, args.file)
     bare = build_graph(spec.algorithm, spec.job, spec.models, **spec.config)
-    try:
-        result = search(bare, cluster, view.gpus, max_staleness=args.max_staleness)
-        best = result.best
-        rpeg_pred, rpeg_tl = _predict(best.graph, cluster, args.steps)
-    except NoFeasiblePlan as e:
-        best, result, rpeg_pred, rpeg_tl = None, None, None, None
-        no_plan = str(e)
+    start = Start(view.async_bound, view.partial, view.share)
+    permit = Permit(args.max_staleness, not args.no_partial_rollout, args.allow_share)
+    cache = LayoutCache()
+    rungs = ladder(bare, cluster, view.gpus, start, permit, cache=cache)
+    result, no_plan = allowed(bare, cluster, view.gpus, start, permit, rungs, cache=cache)
+    best = result.best if result is not None else None
     rows = [_summary(f"{args.system} (as configured)", peer_pred, peer_tl, cluster, view.gpus, None)]
     if best is not None:
+        rpeg_pred, rpeg_tl = _predict(best.graph, cluster, args.steps)
         rows.append(_summary("rpeg", rpeg_pred, rpeg_tl, cluster, view.gpus, None))
         if peer_pred.fits:
             rows[1]["speedup"] = peer_pred.step_s / rpeg_pred.step_s
+    breakdown = _breakdown(rungs, peer_pred.step_s if peer_pred.fits else None)
 
     with out:
         files = {}
@@ -174,8 +186,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         print_json({"system": args.system, "mode": imported.mode, "source": args.file, "job": job,
                     "cluster": cluster.name, "gpus": view.gpus, "assumed": list(imported.assumed),
                     "unmapped": list(imported.unmapped), "plans": rows,
-                    "rpeg_plan": best.name if best is not None else None,
-                    "export": ({k: exported[k] for k in ("left_out", "as_written_s", "full_plan_s")}
+                    "rpeg_plan": best.name if best is not None else None, "structure": breakdown,
+                    "export": ({k: exported[k] for k in ("left_out", "as_written_s", "full_plan_s", "does_not_fit")}
                                if best is not None else None),
                     "files": files})
         return 0
@@ -219,8 +231,44 @@ def cmd_import(args: argparse.Namespace) -> int:
                   + (f"{as_written:.1f} s a step" if as_written is not None else "does not fit in memory"))
             for line in exported["left_out"]:
                 print(f"    - {line}")
+    _print_breakdown(breakdown, args.system)
     print("\nwrote " + ", ".join(written))
     return 0
+
+
+# the flag that permits each structural change (`rpeg.search.ladder`)
+PERMIT_FLAGS = {"async": "--max-staleness", "partial": "without --no-partial-rollout", "share": "--allow-share"}
+
+
+def _breakdown(rungs, peer_s: float | None) -> list[dict]:
+    """The ladder's rungs as rows: each rung's best step, its speedup over the peer's plan as configured,
+    and what its change adds over the rung above (the ratio of their steps)."""
+    out, above = [], None
+    for r in rungs:
+        s = r.step_s
+        out.append({"change": r.change, "key": r.key, "allowed": r.allowed, "step_s": s,
+                    "speedup": peer_s / s if peer_s and s else None,
+                    "this_change": above / s if above and s else None,
+                    "plan": r.result.best.name if r.result is not None else None, "does_not_fit": r.why or None})
+        above = s if s is not None else above
+    return out
+
+
+def _print_breakdown(rows: list[dict], system: str) -> None:
+    if len(rows) < 2 and rows and rows[0]["step_s"] is None:
+        return
+    print(f"\nwhat the speedup needs (each line adds one change to the line above; the speedup is over {system} "
+          "as configured):")
+    body = []
+    for r in rows:
+        allowed = "yes" if r["allowed"] else f"no ({PERMIT_FLAGS[r['key']]})"
+        if r["step_s"] is None:
+            body.append([r["change"], allowed, "does not fit", "", ""])
+            continue
+        body.append([r["change"], allowed, f"{r['step_s']:.1f}",
+                     "-" if r["speedup"] is None else f"{r['speedup']:.2f}x",
+                     "-" if r["this_change"] is None else f"{r['this_change']:.2f}x"])
+    print(table(["change", "allowed", "step s", "speedup", "this change"], body, right=[2, 3, 4]))
 
 
 def _passes(graph, spec) -> list:
@@ -262,9 +310,15 @@ def _export(mod, view, cluster) -> dict:
     text_lines = exported.text.split("\n")
     at = next((i + 1 for i, t in enumerate(text_lines) if "written by rpeg export" in t),
               1 if text_lines[0].startswith("#!") else 0)
-    text = "\n".join(text_lines[:at] + [f"# {line}" for line in lines] + text_lines[at:])
+    text_lines = text_lines[:at] + [f"# {line}" for line in lines] + text_lines[at:]
+    if written_s is None:
+        # a config that will not run says so before anything else (after a shebang, which must stay first)
+        first = 1 if text_lines[0].startswith("#!") else 0
+        text_lines.insert(first, f"# DOES NOT FIT: RPEG predicts this config runs out of memory on {cluster.gpus} x "
+                                 f"{cluster.device.name} ({_oom_text(written, cluster)})")
+    text = "\n".join(text_lines)
     return {"text": text, "left_out": list(exported.left_out), "as_written_s": written_s, "full_plan_s": full_s,
-            "view": exported.view}
+            "view": exported.view, "does_not_fit": None if written_s is not None else _oom_text(written, cluster)}
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -300,8 +354,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-    print(f"wrote {args.out} ({args.system}); " + (f"predicted {exported['as_written_s']:.2f} s a step"
-                                                  if exported["as_written_s"] else "does not fit in memory"))
+    if exported["as_written_s"] is None:
+        print(f"DOES NOT FIT: wrote {args.out} ({args.system}), which RPEG predicts runs out of memory "
+              f"({exported['does_not_fit']})")
+    else:
+        print(f"wrote {args.out} ({args.system}); predicted {exported['as_written_s']:.2f} s a step")
     for line in exported["left_out"]:
         print(f"  left out: {line}")
     return 0

@@ -19,6 +19,9 @@ def add_parsers(sub) -> None:
     pl.add_argument("--gpus", type=count(1, MAX_GPUS), help="devices (default: the job file's, else one node)")
     pl.add_argument("--objective", choices=("time", "throughput", "cost"), default="time")
     pl.add_argument("--max-staleness", type=int, default=1, help="largest async bound allowed (1)")
+    pl.add_argument("--allow-share", action="store_true",
+                    help="the plan may share the critic's trunk with the actor (a different value model than the "
+                         "job's critic, so not the same job; off unless given)")
     pl.add_argument("--steps", type=count(1, MAX_STEPS), default=8, help="steps to simulate for the timelines (8)")
     pl.add_argument("--out", type=FOLDER, default="rpeg-out", help="folder for the trace and Gantt files (rpeg-out)")
     pl.add_argument("--json", action="store_true", help="print JSON")
@@ -39,6 +42,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from rpeg.search.baselines import BASELINES
     from rpeg.search.layouts import LayoutCache
     from rpeg.search.search import Candidate, NoFeasiblePlan, nearest_feasible, search
+    from rpeg.search.space import SpaceOptions
     from rpeg.sim import simulate
     from rpeg.sim.export import write_gantt, write_trace
 
@@ -52,11 +56,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     graph = _bare(spec)
     base, cluster, gpus = spec.cluster_and_gpus(args.cluster, args.gpus)
     cache = LayoutCache()
+    space = SpaceOptions(share=args.allow_share)
     try:
-        result = search(graph, cluster, gpus, objective=args.objective, max_staleness=args.max_staleness, cache=cache)
+        result = search(graph, cluster, gpus, objective=args.objective, max_staleness=args.max_staleness, cache=cache,
+                        space=space)
     except NoFeasiblePlan as e:
         # more GPUs up to the cluster's own size (`cluster` is sized to the request: it would allow none)
-        alt = nearest_feasible(graph, base, gpus, max_staleness=args.max_staleness)
+        alt = nearest_feasible(graph, base, gpus, max_staleness=args.max_staleness, space=space)
         print(f"NO FEASIBLE PLAN: {e}")
         if alt:
             what, res = alt

@@ -203,7 +203,7 @@ class NoFeasiblePlan(DoesNotFit):
 
 
 def nearest_feasible(graph: Graph, cluster: Cluster, gpus: int, options: LayoutOptions = LayoutOptions(),
-                     max_staleness: int = 1) -> tuple[str, SearchResult] | None:
+                     max_staleness: int = 1, space: SpaceOptions = SpaceOptions()) -> tuple[str, SearchResult] | None:
     """The first of: more GPUs (2x, 4x, 8x), a smaller batch (half, quarter of the prompts)."""
     node = cluster.gpus_per_node
     for factor in (2, 4, 8):
@@ -212,7 +212,7 @@ def nearest_feasible(graph: Graph, cluster: Cluster, gpus: int, options: LayoutO
             break
         try:
             return f"{n} GPUs instead of {gpus}", search(graph, cluster, n, max_staleness=max_staleness,
-                                                          options=options, budget=400)
+                                                          options=options, budget=400, space=space)
         except DoesNotFit:
             continue
     for div in (2, 4):
@@ -225,7 +225,7 @@ def nearest_feasible(graph: Graph, cluster: Cluster, gpus: int, options: LayoutO
         try:
             return (f"{prompts} prompts per step instead of {graph.job.prompts}",
                     search(verify(smaller.replace(stages=stages)), cluster, gpus, max_staleness=max_staleness,
-                           options=options, budget=400))
+                           options=options, budget=400, space=space))
         except DoesNotFit:
             continue
     return None

@@ -102,3 +102,97 @@ def test_import_says_when_rpegs_plan_as_the_peers_config_does_not_fit(capsys, tm
     data = json.loads(out)
     assert rc == 0 and data["rpeg_plan"] and data["export"]["as_written_s"] is None
     assert data["export"]["full_plan_s"] > 0
+    # the file says so on its first line after the shebang, before anything else (issue 24)
+    lines = (tmp_path / "o" / "rpeg-plan-verl.sh").read_text().splitlines()
+    assert lines[0].startswith("#!") and lines[1].startswith("# DOES NOT FIT: RPEG predicts this config runs out of "
+                                                             "memory on 8 x h100-sxm ("), lines[:3]
+    assert data["export"]["does_not_fit"] and data["export"]["does_not_fit"] in lines[1]
+
+
+def test_export_of_a_plan_that_does_not_fit_says_so_first(capsys, tmp_path):
+    """`rpeg export` to stdout and to a file: the first line of each says the config does not fit."""
+    argv = ["import", DATA / "verl" / "run_qwen3-8b.sh", "--from", "verl", "--model", "qwen2.5-32B", "--steps", 1]
+    assert run(capsys, *argv, "--out", tmp_path / "o")[0] == 0
+    plan = tmp_path / "o" / "rpeg-plan.yaml"
+    rc, out, _ = run(capsys, "export", plan, "--to", "verl")
+    assert rc == 0 and out.splitlines()[1].startswith("# DOES NOT FIT:"), out[:300]
+    rc, out, _ = run(capsys, "export", plan, "--to", "verl", "--out", tmp_path / "x.sh")
+    assert rc == 0 and out.startswith(f"DOES NOT FIT: wrote {tmp_path / 'x.sh'} (verl)"), out
+    # a config that fits has no such line
+    assert run(capsys, *argv[:4], "--steps", 1, "--out", tmp_path / "f")[0] == 0
+    rc, out, _ = run(capsys, "export", tmp_path / "f" / "verl-job.yaml", "--to", "verl")
+    assert rc == 0 and "DOES NOT FIT" not in out and "this config " in out
+
+
+def _table_after(out: str, heading: str, skip: int = 3) -> list[list[str]]:
+    """The rows of the table whose first line starts with `heading` (its title, or its header with
+    skip = 2), cells split on 2+ spaces."""
+    import re
+
+    lines = out.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith(heading))
+    rows = []
+    for x in lines[at + skip:]:
+        if not x.strip():
+            break
+        rows.append(re.split(r"\s{2,}", x.strip()))
+    return rows
+
+
+def test_ppo_import_keeps_the_critic_unless_sharing_is_allowed(capsys, tmp_path):
+    """verl's PPO example with a reward model: RPEG's plan used to share the critic's trunk with the actor
+    (a different value model) and report 1.98x as if the job were the same. Now the critic stays, the
+    breakdown shows what sharing would add, and --allow-share takes it (issue 24, item 4)."""
+    src = DATA / "verl" / "run_qwen2-7b_rm.sh"
+    rc, out, _ = run(capsys, "import", src, "--from", "verl", "--steps", 2, "--out", tmp_path / "a", "--json")
+    data = json.loads(out)
+    assert rc == 0 and "critic shared" not in data["rpeg_plan"]
+    plan = read_yaml_file(str(tmp_path / "a" / "rpeg-plan.yaml"))
+    assert not any("share_actor_critic" in p for p in plan["passes"]) and plan["critic"]
+    rungs = {r["key"]: r for r in data["structure"]}
+    assert list(rungs) == ["none", "async", "partial", "share"]
+    assert [r["allowed"] for r in data["structure"]] == [True, True, True, False]
+    steps = [r["step_s"] for r in data["structure"]]
+    assert all(a >= b - 1e-9 for a, b in zip(steps, steps[1:])), steps  # each rung's space holds the one above
+    # the plan taken is the best of the allowed rungs
+    assert math.isclose(data["plans"][1]["step_s"], steps[2], rel_tol=1e-9)
+    peer = data["plans"][0]["step_s"]
+    for r in data["structure"]:
+        assert math.isclose(r["speedup"], peer / r["step_s"], rel_tol=1e-9)
+    assert rungs["share"]["this_change"] > 1.2  # what sharing adds here: the critic's passes go
+    # the table says the same as the JSON
+    rc, text, _ = run(capsys, "import", src, "--from", "verl", "--steps", 2, "--out", tmp_path / "b")
+    assert "--allow-share" in text
+    shown = _table_after(text, "what the speedup needs")
+    assert [row[0] for row in shown] == [r["change"] for r in data["structure"]]
+    assert [row[2] for row in shown] == [f"{r['step_s']:.1f}" for r in data["structure"]]
+    assert [row[3] for row in shown] == [f"{r['speedup']:.2f}x" for r in data["structure"]]
+    summary = _table_after(text, "plan ", skip=2)
+    assert [row[1] for row in summary] == [f"{r['step_s']:.1f}" for r in data["plans"]]
+    assert summary[1][-1] == f"{data['plans'][1]['speedup']:.2f}x"
+    # allowed: the plan shares, and it is the last rung's
+    rc, out, _ = run(capsys, "import", src, "--from", "verl", "--steps", 2, "--out", tmp_path / "c", "--json",
+                     "--allow-share")
+    shared = json.loads(out)
+    assert "critic shared with the actor" in shared["rpeg_plan"]
+    assert math.isclose(shared["plans"][1]["step_s"], steps[3], rel_tol=1e-9)
+
+
+def test_import_without_partial_rollout_takes_the_async_rung(capsys, tmp_path):
+    src = DATA / "verl" / "run_qwen2-7b_rm.sh"
+    rc, out, _ = run(capsys, "import", src, "--from", "verl", "--steps", 2, "--out", tmp_path / "a", "--json",
+                     "--no-partial-rollout", "--allow-share")
+    data = json.loads(out)
+    assert rc == 0 and "partial rollout" not in data["rpeg_plan"]
+    assert [r["allowed"] for r in data["structure"]] == [True, True, False, True]
+    # sharing without partial rollout is a search of its own: never slower than the async rung
+    assert data["plans"][1]["step_s"] <= data["structure"][1]["step_s"] + 1e-9
+
+
+def test_plan_keeps_the_critic_unless_sharing_is_allowed(capsys, tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text(json.dumps({**JOB, "algorithm": "ppo", "model": "qwen2.5-1.5B", "gpus": 8}))
+    rc, out, _ = run(capsys, "plan", job, "--out", tmp_path / "p", "--steps", 1, "--json")
+    assert rc == 0 and "critic shared" not in json.loads(out)["chosen"]["structure"]
+    rc, out, _ = run(capsys, "plan", job, "--out", tmp_path / "q", "--steps", 1, "--json", "--allow-share")
+    assert rc == 0 and "critic shared" in json.loads(out)["chosen"]["structure"]
