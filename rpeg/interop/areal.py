@@ -31,14 +31,15 @@ parallelism), corrections other than the decoupled objective.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import yaml
 
 from rpeg.errors import RpegError
 from rpeg.graph import Job, ParallelLayout
+from rpeg.graph.presets import get_model
 from rpeg.graph.serde import from_data, parse_yaml
+from rpeg.interop.areal_alloc import Engine, parse_allocation, parse_engine
 from rpeg.interop.common import (
     defaults_of, hf_name, one_pass_each, resize,
     Exported, Imported, Notes, PlanView, config_tuple, model_preset, response_of, stage_names,
@@ -46,7 +47,6 @@ from rpeg.interop.common import (
 
 SYSTEM = "areal"
 SUFFIX = ".yaml"
-_SPEC = re.compile(r"^(sglang|vllm|fsdp|megatron|archon):((?:[dptce]\d+)+)$")
 _READ = {  # keys read, by dotted name
     "rollout.backend", "actor.backend", "ref.backend", "critic.backend", "allocation_mode",
     "rollout.max_head_offpolicyness", "train_dataset.batch_size", "train_dataset.max_length", "gconfig.n_samples",
@@ -58,7 +58,8 @@ _READ = {  # keys read, by dotted name
     "ref.scheduling_strategy.type", "ref.scheduling_strategy.target", "critic.scheduling_strategy.type",
     "critic.scheduling_strategy.target", "cluster.n_nodes", "cluster.n_gpus_per_node", "actor.recompute_logprob",
     "critic.gradient_checkpointing", "ref.gradient_checkpointing", "critic.eps_clip",
-    "actor.reward_norm.mean_level", "actor.reward_norm.std_level", "actor.reward_norm.group_size",
+    "actor.reward_norm.mean_level", "actor.reward_norm.std_level",
+    "actor.reward_norm.mean_leave1out", "actor.reward_norm.group_size",
     "actor.adv_norm.mean_level", "actor.adv_norm.std_level",
 }
 _NOT_PLAN = (
@@ -76,17 +77,10 @@ _NOT_PLAN = (
 
 
 def parse_backend(spec: Any, key: str) -> tuple[str, dict[str, int]]:
-    """`sglang:d4p1t2` -> ("sglang", {"d": 4, "p": 1, "t": 2, "c": 1, "e": 1}), or a one-line error."""
-    m = _SPEC.match(str(spec).strip()) if isinstance(spec, str) else None
-    if not m:
-        raise RpegError(f"{key} = {spec!r}: RPEG reads backend strings like sglang:d4t2 or megatron:d2p2t2 "
-                        "(hybrid attn|ffn strategies are not read)")
-    sizes = {k: 1 for k in "dptce"}
-    for letter, num in re.findall(r"([dptce])(\d+)", m.group(2)):
-        sizes[letter] = int(num)
-    if min(sizes.values()) < 1:
-        raise RpegError(f"{key} = {spec!r}: every size must be >= 1")
-    return m.group(1), sizes
+    """`sglang:d4p1t2` -> ("sglang", {"d": 4, "p": 1, "t": 2, "c": 1, "e": 1}), or a one-line error
+    (every form of areal_alloc.parse_engine; a training engine without a backend is AReaL's choice)."""
+    engine = parse_engine(spec, key)
+    return engine.backend or "fsdp", engine.sizes
 
 
 def _flatten(data: dict, prefix: str = "") -> dict[str, Any]:
@@ -104,6 +98,10 @@ def read(text: str, source: str, *, model: str | None = None, response_mean: flo
     data = parse_yaml(text, source)
     if not isinstance(data, dict) or "actor" not in data or not ({"rollout", "allocation_mode", "gconfig"} & set(data)):
         raise RpegError(f"{source}: not an AReaL experiment config (it has no actor with rollout / allocation_mode)")
+    if "gconfig" not in data and ({"ppo", "dataset"} & set(data)):
+        raise RpegError(f"{source}: a ReaL (realhf) experiment config, AReaL's before 0.3 (`ppo:` and `dataset:` "
+                        "sections): RPEG reads AReaL's own configs (actor, rollout or allocation_mode, gconfig, "
+                        "train_dataset)")
     flat = _flatten(data)
     notes = Notes()
 
@@ -120,20 +118,23 @@ def read(text: str, source: str, *, model: str | None = None, response_mean: flo
             raise RpegError(f"{source}: {key} = {v!r}: expected a whole number >= {minimum}")
         return v
 
-    # placement
-    if get("rollout.backend") is not None or get("actor.backend") is not None:
-        gen_backend, gen = parse_backend(get("rollout.backend"), "rollout.backend")
-        train_backend, tr = parse_backend(get("actor.backend"), "actor.backend")
+    # placement: per-engine backend strings (AReaL 1.0), else the older allocation_mode string
+    engine_names = [get(k) for k in ("rollout.backend", "actor.backend")]
+    if all(isinstance(b, str) and (":" in b or "." in b) for b in engine_names):
+        gen_e, tr_e = parse_engine(engine_names[0], "rollout.backend"), parse_engine(engine_names[1], "actor.backend")
     elif get("allocation_mode"):
-        parts = str(get("allocation_mode")).split("+")
-        if len(parts) != 2:
-            raise RpegError(f"{source}: allocation_mode = {get('allocation_mode')!r}: RPEG reads generation+training "
-                            "(e.g. sglang:d4+fsdp:d4)")
-        gen_backend, gen = parse_backend(parts[0], "allocation_mode")
-        train_backend, tr = parse_backend(parts[1], "allocation_mode")
+        gen_e, tr_e = parse_allocation(get("allocation_mode"), "allocation_mode")
+        named = get("actor.backend")  # AReaL 0.3: `actor.backend: fsdp` names the training backend alone
+        if tr_e.backend is None and named in ("fsdp", "megatron"):
+            tr_e = Engine(named, tr_e.sizes, tr_e.notes)
+    elif any(b is not None for b in engine_names):
+        gen_e, tr_e = parse_engine(engine_names[0], "rollout.backend"), parse_engine(engine_names[1], "actor.backend")
     else:
         raise RpegError(f"{source}: no rollout.backend / actor.backend (or allocation_mode): where AReaL runs is "
                         "unknown")
+    for line in gen_e.notes + tr_e.notes:
+        notes.assume(line)
+    gen_backend, gen, train_backend, tr = gen_e.backend, gen_e.sizes, tr_e.backend or "fsdp", tr_e.sizes
     if gen_backend not in ("sglang", "vllm") or train_backend not in ("fsdp", "megatron"):
         raise RpegError(f"{source}: backends {gen_backend} + {train_backend}: RPEG reads sglang/vllm rollout and "
                         "fsdp/megatron training")
@@ -146,7 +147,8 @@ def read(text: str, source: str, *, model: str | None = None, response_mean: flo
 
     # algorithm and options
     has_critic = isinstance(data.get("critic"), dict)
-    algorithm = "ppo" if has_critic else "grpo"
+    # RLOO: rewards less the mean of the group's others (reward_norm.mean_leave1out, examples/math/gsm8k_rloo.yaml)
+    algorithm = "ppo" if has_critic else "rloo" if get("actor.reward_norm.mean_leave1out") is True else "grpo"
     kl = float(get("actor.kl_ctl", 0.1))
     uses_ref = kl > 0 and isinstance(data.get("ref"), dict)
     if kl > 0 and not uses_ref:
@@ -196,8 +198,11 @@ def read(text: str, source: str, *, model: str | None = None, response_mean: flo
     # layouts
     def shape(sizes: dict[str, int], backend: str) -> ParallelLayout:
         if backend == "megatron":
+            # AReaL balances Megatron's pipeline stages by parameters itself, unequal layer counts allowed
+            # (areal/engine/megatron_utils/pipeline_parallel.py, configure_pipeline_layer_splits)
             return ParallelLayout(dp=sizes["d"], tp=sizes["t"], pp=sizes["p"], cp=sizes["c"], ep=sizes["e"], zero=1,
-                                  sequence_parallel=sizes["t"] > 1)
+                                  sequence_parallel=sizes["t"] > 1,
+                                  pp_uneven=sizes["p"] > 1 and get_model(actor).layers % sizes["p"] != 0)
         return ParallelLayout(dp=sizes["d"], tp=sizes["t"], cp=sizes["c"], zero=3)
 
     def micro(role: str) -> int:

@@ -53,6 +53,7 @@ from typing import Any
 from rpeg.errors import RpegError
 from rpeg.graph import Job, ParallelLayout
 from rpeg.graph.serde import from_data
+from rpeg.interop.openrlhf_flags import old_flags, translate
 from rpeg.interop.common import (
     colocate_all, defaults_of, hf_name, one_pass_each, resize,
     Exported, Imported, Notes, PlanView, config_tuple, model_preset, response_of, script_command, stage_names,
@@ -119,6 +120,9 @@ _NOT_PLAN = (
     ("ds.ring_attn_head_stride", "how ring attention walks the heads: RPEG costs cp's traffic, not its schedule"),
     ("train.agent_func_path", "an agent function: the reward, read as a rule reward"),
     ("reward.", "a reward's shaping is not part of the plan"),
+    ("ds.bf16", "RPEG costs bf16 weights"), ("ds.flash_attn", "the attention kernel is not modelled"),
+    ("actor.max_norm", "gradient clipping does not change a step's cost in RPEG's model"),
+    ("actor.ptx_coef", "a pretraining loss mixed in (with --pretrain_data) is not modelled"),
 )
 
 
@@ -128,7 +132,14 @@ def read(text: str, source: str, *, model: str | None = None, response_mean: flo
          cluster: str | None = None) -> Imported:
     """An OpenRLHF launch (script or args file) as an RPEG view; see the module docstring."""
     words = _words(text, source)
-    return _from_args(_parse(words, source), source, model=model, response_mean=response_mean, cluster=cluster)
+    read_as: list[str] = []
+    old = old_flags(words)
+    if old:  # OpenRLHF before 0.10.2: underscore flags, renamed one for one (openrlhf_flags.py)
+        words, read_as = translate(words)
+        read_as.insert(0, f"old OpenRLHF flags (before 0.10.2: {', '.join('--' + n for n in old[:3])}, ...) read as "
+                       "the dotted flags that replaced them")
+    return _from_args(_parse(words, source), source, model=model, response_mean=response_mean, cluster=cluster,
+                      read_as=read_as)
 
 
 def _words(text: str, source: str) -> list[str]:
@@ -208,9 +219,11 @@ class _Args:
         return v
 
 
-def _from_args(args: dict[str, Any], source: str, *, model, response_mean, cluster) -> Imported:
+def _from_args(args: dict[str, Any], source: str, *, model, response_mean, cluster, read_as=()) -> Imported:
     a = _Args(args, source)
     notes = Notes()
+    for line in read_as:
+        notes.assume(line)
     est = a.get("algo.advantage.estimator")
     if est not in ESTIMATORS:
         raise RpegError(f"{source}: --algo.advantage.estimator {est}: RPEG has no such estimator "

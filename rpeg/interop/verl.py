@@ -56,11 +56,13 @@ import yaml
 
 from rpeg.errors import RpegError
 from rpeg.graph import Job, ParallelLayout
+from rpeg.graph.presets import get_model
 from rpeg.graph.serde import from_data, parse_yaml
 from rpeg.interop.common import (
     Exported, Imported, Notes, PlanView, config_tuple, model_preset, response_of, script_command, stage_names,
     one_pass_each,
 )
+from rpeg.interop.shell import is_unknown
 from rpeg.interop.common import HF_NAMES, colocate_all, defaults_of, hf_name, resize  # noqa: F401 (HF_NAMES: the tests)
 
 
@@ -78,7 +80,16 @@ CONFIG_NAMES = {
     "one-step-off": ("one_step_off_ppo_trainer", "one_step_off_ppo_megatron_trainer"),
     "fully-async": ("fully_async_ppo_trainer", "fully_async_ppo_megatron_trainer"),
 }
-_ENTRY = re.compile(r"^(" + "|".join(re.escape(e) for e in ENTRIES) + r")$")
+# recipe entry points that extend main_ppo's trainer and read its keys plus a few of their own
+# (recipe/<name>/config/*.yaml at verl v0.7.0: `defaults: [ppo_trainer, _self_]` and the keys below);
+# the asynchronous trainers' older homes (recipe/ before verl.experimental, v0.5-v0.7)
+RECIPES = {
+    "recipe.dapo.main_dapo": "sync",  # dapo_trainer.yaml: algorithm.filter_groups.*, reward_model.overlong_buffer.*
+    "recipe.entropy.main_entropy": "sync",  # entropy_trainer.yaml: DAPO's keys, and the clip-cov / kl-cov losses
+    "recipe.one_step_off_policy.main_ppo": "one-step-off",
+    "recipe.fully_async_policy.fully_async_main": "fully-async",
+}
+_ENTRY = re.compile(r"^(" + "|".join(re.escape(e) for e in (*ENTRIES, *RECIPES)) + r")$")
 
 ESTIMATORS = {"gae": "ppo", "grpo": "grpo", "rloo": "rloo", "reinforce_plus_plus": "reinforce_pp",
               "reinforce_plus_plus_baseline": "reinforce_pp_baseline", "remax": "remax"}
@@ -92,6 +103,7 @@ DEFAULTS: dict[str, Any] = {
     "data.gen_batch_size": None,
     "actor_rollout_ref.rollout.n": 1, "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
     "actor_rollout_ref.rollout.pipeline_model_parallel_size": 1,
+    "actor_rollout_ref.rollout.data_parallel_size": 1, "actor_rollout_ref.rollout.expert_parallel_size": 1,
     "actor_rollout_ref.actor.ppo_mini_batch_size": 256, "actor_rollout_ref.actor.ppo_epochs": 1,
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": None, "actor_rollout_ref.actor.use_dynamic_bsz": False,
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 16384,
@@ -139,6 +151,11 @@ DEFAULTS: dict[str, Any] = {
 
 # keys the user may set that carry nothing of the plan, by prefix -> why (one line each in `unmapped`)
 _NOT_PLAN = (
+    ("reward_model.overlong_buffer.", "DAPO's overlong penalty shapes the rule reward; not part of the plan"),
+    ("algorithm.filter_groups.metric", "which groups dynamic sampling keeps: the oversampling is data.gen_batch_size "
+     "over data.train_batch_size"),
+    ("algorithm.filter_groups.max_num_gen_batches", "a cap on dynamic sampling's extra generation rounds: the "
+     "oversampling is data.gen_batch_size over data.train_batch_size"),
     ("data.", "data loading and prompt handling are not part of the plan"),
     ("trainer.", "run bookkeeping (logging, saving, testing) is not part of the plan"),
     ("actor_rollout_ref.actor.optim.", "optimizer settings do not change a step's cost in RPEG's model"),
@@ -166,7 +183,7 @@ def read(text: str, source: str, *, model: str | None = None, response_mean: flo
 def _overrides(text: str, source: str) -> tuple[dict[str, Any], str, bool]:
     """(the keys the job sets, dotted; the trainer mode; whether the megatron config is the base)."""
     data = None
-    if "python" not in text or not re.search(r"verl\.(trainer|experimental)\.", text):
+    if "python" not in text or not re.search(r"verl\.(trainer|experimental)\.|recipe\.", text):
         try:
             data = parse_yaml(text, source)
         except RpegError:
@@ -182,7 +199,7 @@ def _overrides(text: str, source: str) -> tuple[dict[str, Any], str, bool]:
                 else "one-step-off" if "one_step_off" in names else "sync")
         return flat, mode, "megatron" in names
     words, entry = script_command(text, _ENTRY, source)
-    mode = ENTRIES[entry]
+    mode = ENTRIES[entry] if entry in ENTRIES else RECIPES[entry]
     cfg: dict[str, Any] = {}
     megatron = False
     i = 0
@@ -213,6 +230,8 @@ def _overrides(text: str, source: str) -> tuple[dict[str, Any], str, bool]:
 
 
 def _value(text: str) -> Any:
+    if is_unknown(text):  # a value the launch script does not fix (rpeg/interop/shell.py): kept as said
+        return text
     try:
         return yaml.safe_load(text) if text != "" else None
     except yaml.YAMLError:
@@ -435,6 +454,7 @@ def _from_config(cfg: dict[str, Any], mode: str, megatron: bool, source: str, *,
     if dyn:
         c.get(R + "log_prob_use_dynamic_bsz")
         c.get("actor_rollout_ref.ref.log_prob_use_dynamic_bsz")
+    _check_pipeline(shape, actor, f"{A}megatron.", source)
     layouts: dict[str, ParallelLayout] = {}
     layouts["actor_update"] = shape.replace(recompute=recompute, micro_batch=micro(
         A + "ppo_micro_batch_size_per_gpu", A + "ppo_max_token_len_per_gpu"), packing=packing or dyn)
@@ -448,12 +468,7 @@ def _from_config(cfg: dict[str, Any], mode: str, megatron: bool, source: str, *,
                                                                  ref + "log_prob_max_token_len_per_gpu"))
     if c.get(R + "name") not in ("vllm", "sglang", None):
         c.skip(notes, R + "name", "RPEG models vLLM- and SGLang-style engines; this one is read as those")
-    tp = c.num(R + "tensor_model_parallel_size")
-    pp = c.num(R + "pipeline_model_parallel_size")
-    if rollout_gpus % (tp * pp):
-        raise RpegError(f"{source}: {R}tensor_model_parallel_size x pipeline_model_parallel_size = {tp} x {pp} does "
-                        f"not divide the rollout's {rollout_gpus} GPUs")
-    layouts["generate"] = ParallelLayout(dp=rollout_gpus // (tp * pp), tp=tp, pp=pp)
+    layouts["generate"] = _rollout_layout(c, rollout_gpus, source)
     if algorithm == "remax":
         layouts["generate_greedy"] = layouts["generate"]
     if has_critic:
@@ -463,6 +478,7 @@ def _from_config(cfg: dict[str, Any], mode: str, megatron: bool, source: str, *,
                             "verl's critic on the actor's backend (its config file sets both)")
         cpack = c.flag("critic.model.use_remove_padding")
         cshape = _shape(c, "critic.", cstrategy, train_gpus, source).replace(packing=cpack or dyn)
+        _check_pipeline(cshape, critic, "critic.megatron.", source)
         cmicro = c.get("critic.ppo_micro_batch_size_per_gpu")
         if dyn:
             cm = max(1, int(c.num("critic.ppo_max_token_len_per_gpu")) // seq)
@@ -521,6 +537,42 @@ def _from_config(cfg: dict[str, Any], mode: str, megatron: bool, source: str, *,
                     source=source)
 
 
+def _rollout_layout(c: _Config, gpus: int, source: str) -> ParallelLayout:
+    """Generation's layout: one engine replica is tp x dp x pp GPUs (verl/workers/rollout/replica.py),
+    its data-parallel ranks attention replicas over experts sharded expert_parallel_size ways, which
+    verl requires to be tp x dp (workers/config/rollout.py); the replicas fill the rollout's GPUs."""
+    R = "actor_rollout_ref.rollout."
+    tp, pp, dp, ep = (c.num(R + k) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                             "data_parallel_size", "expert_parallel_size"))
+    replica = tp * dp * pp
+    if gpus % replica:
+        raise RpegError(f"{source}: {R}tensor_model_parallel_size x data_parallel_size x pipeline_model_parallel_size"
+                        f" = {tp} x {dp} x {pp} (one engine) does not divide the rollout's {gpus} GPUs")
+    if ep > 1 and ep != tp * dp:
+        raise RpegError(f"{source}: {R}expert_parallel_size = {ep}: verl requires tensor_model_parallel_size x "
+                        f"data_parallel_size = {tp * dp} (workers/config/rollout.py)")
+    return ParallelLayout(dp=gpus // (tp * pp), tp=tp, pp=pp, ep=ep)
+
+
+def _uneven(c: _Config, prefix: str, pp: int) -> bool:
+    """Whether Megatron splits the pipeline unevenly: first / last stage layer counts, or the embedding or
+    the loss counted as a layer (megatron.core TransformerConfig's num_layers_in_first/last_pipeline_stage,
+    account_for_embedding/loss_in_pipeline_split), set through override_transformer_config."""
+    over = prefix + "megatron.override_transformer_config."
+    keys = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+            "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+    return pp > 1 and any(c.get(over + k) not in (None, False, "False", "false", "null") for k in keys)
+
+
+def _check_pipeline(lay: ParallelLayout, model: str, prefix: str, source: str) -> None:
+    layers = get_model(model).layers
+    if lay.pp > 1 and layers % (lay.pp * lay.pp_interleave) and not lay.pp_uneven:
+        stages = f"{lay.pp} x {lay.pp_interleave} virtual" if lay.pp_interleave > 1 else str(lay.pp)
+        raise RpegError(f"{source}: {prefix}pipeline_model_parallel_size = {stages} stages do not divide the {layers} "
+                        f"layers of {model}, and no uneven split is set (Megatron's override_transformer_config."
+                        "num_layers_in_first/last_pipeline_stage or account_for_embedding/loss_in_pipeline_split)")
+
+
 def _shape(c: _Config, prefix: str, strategy: str, gpus: int, source: str) -> ParallelLayout:
     """The training layout of the role at `prefix` (the actor's or the critic's workers)."""
     if strategy == "megatron":
@@ -540,7 +592,7 @@ def _shape(c: _Config, prefix: str, strategy: str, gpus: int, source: str) -> Pa
                                     "lays the reference out as the actor's workers")
                 c.used.add(key)
         return ParallelLayout(dp=gpus // (tp * pp * cp), tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, sequence_parallel=sp,
-                              pp_interleave=int(vpp) if vpp else 1)
+                              pp_interleave=int(vpp) if vpp else 1, pp_uneven=_uneven(c, prefix, pp))
     key = prefix + "ulysses_sequence_parallel_size"
     cp = c.num(key)
     if gpus % cp:

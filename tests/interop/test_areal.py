@@ -12,12 +12,15 @@ from peer_code import areal_check
 from rpeg.cli.plan import _bare
 from rpeg.errors import RpegError
 from rpeg.interop import areal as ra
+from rpeg.interop.areal_alloc import parse_engine
 from rpeg.interop.common import graph_of, view_of
 from rpeg.search.search import search
 from rpeg.spec import spec_from_data
 
 DATA = Path(__file__).parent.parent / "data" / "peers" / "areal"
-EXAMPLES = sorted(p.name for p in DATA.glob("*.yaml"))
+# the examples checked against the peer's own code; the rest of the folder is the import corpus
+# (tests/interop/test_import_corpus.py)
+EXAMPLES = ["boba_grpo.yaml", "gsm8k_grpo.yaml", "gsm8k_grpo_megatron.yaml", "gsm8k_ppo.yaml"]
 
 
 def read(name: str, **kw):
@@ -26,7 +29,22 @@ def read(name: str, **kw):
 
 def test_the_examples_are_those_noted_in_sources():
     listed = re.findall(r"`([\w.-]+\.yaml)`", (DATA / "SOURCES.md").read_text())
-    assert sorted(listed) == EXAMPLES and len(EXAMPLES) == 4
+    assert sorted(listed) == sorted(p.name for p in DATA.glob("*.yaml")) and set(EXAMPLES) <= set(listed)
+
+
+@pytest.mark.parametrize("spec, backend, sizes, note", [
+    ("sglang:d4t2", "sglang", {"d": 4, "p": 1, "t": 2, "c": 1, "e": 1}, False),
+    ("sglang.d4p1t1", "sglang", {"d": 4, "p": 1, "t": 1, "c": 1, "e": 1}, False),  # AReaL 0.3's dot
+    ("d32p2m1", "megatron", {"d": 32, "p": 2, "t": 1, "c": 1, "e": 1}, False),  # ReaL's m; pipeline picks Megatron
+    ("d8", None, {"d": 8, "p": 1, "t": 1, "c": 1, "e": 1}, False),
+    # MoE folding: the attention layout with ffn's ep; ffn's own tensor size differs, and is said so
+    ("megatron:(attn:d4p2t2c2|ffn:d2p2t4e2)", "megatron", {"d": 4, "p": 2, "t": 2, "c": 2, "e": 2}, True),
+    ("megatron:(attn:d1p12t4|ffn:d1p12e4)", "megatron", {"d": 1, "p": 12, "t": 4, "c": 1, "e": 4}, True),
+    ("(attn:d4p4t1|ffn:p4e4)", "megatron", {"d": 4, "p": 4, "t": 1, "c": 1, "e": 4}, False),  # ffn's d derived
+])
+def test_allocation_strings_of_every_form(spec, backend, sizes, note):
+    engine = parse_engine(spec, "k")
+    assert (engine.backend, engine.sizes, bool(engine.notes)) == (backend, sizes, note)
 
 
 def test_grpo_example():
@@ -109,7 +127,14 @@ def test_colocated_generation_is_named():
 @pytest.mark.parametrize("text, message", [
     ("foo: 1\n", "not an AReaL experiment config"),
     ("actor: {path: Qwen/Qwen3-8B, backend: 'fsdp:d4'}\nrollout: {backend: 'tensorrt:d4'}\n",
-     "RPEG reads backend strings like"),
+     "backend 'tensorrt' is none of AReaL's"),
+    ("actor: {path: Qwen/Qwen3-8B}\nallocation_mode: 'sglang:d4|megatron:d4'\ngconfig: {}\n", "colocated with `|`"),
+    ("actor: {path: Qwen/Qwen3-8B}\nallocation_mode: 'd8p1t1'\ngconfig: {}\n", "a training engine alone"),
+    ("actor: {path: Qwen/Qwen3-8B}\nallocation_mode: 'sglang:d4+eval'\ngconfig: {}\n", "evaluation-only"),
+    ("actor: {path: Qwen/Qwen3-8B}\nallocation_mode: 'sglang:d4+megatron:(attn:d2p2|ffn:d1p4e2)'\ngconfig: {}\n",
+     "share the pipeline size"),
+    ("actor: {path: Qwen/Qwen3-8B}\nallocation_mode: 'sglang:d4+fsdp:(attn:d2|ffn:e2)'\ngconfig: {}\n",
+     "attn|ffn layouts are Megatron's"),
     ("actor: {path: Qwen/Qwen3-8B, backend: 'fsdp:d4p2'}\nrollout: {backend: 'sglang:d4'}\n"
      "train_dataset: {batch_size: 8}\n", "fsdp with pipeline or expert parallelism"),
     ("actor: {path: /my/model, backend: 'fsdp:d4', kl_ctl: 0.0}\nrollout: {backend: 'sglang:d4'}\n"

@@ -17,7 +17,14 @@ from rpeg.search.search import search
 from rpeg.spec import spec_from_data
 
 DATA = Path(__file__).parent.parent / "data" / "peers" / "openrlhf"
-EXAMPLES = sorted(p.name for p in DATA.glob("*.sh"))
+# the examples checked against the peer's own code; the rest of the folder is the import corpus
+# (tests/interop/test_import_corpus.py)
+EXAMPLES = [
+    "train_dapo_ray_hybrid_engine.sh",
+    "train_ppo_ray_hybrid_engine.sh",
+    "train_reinforce_baseline_hybrid_engine.sh",
+    "train_reinforce_baseline_ray_agent_async.sh",
+]
 
 
 def read(name: str, **kw):
@@ -26,7 +33,7 @@ def read(name: str, **kw):
 
 def test_the_examples_are_those_noted_in_sources():
     listed = re.findall(r"`([\w.-]+\.sh)`", (DATA / "SOURCES.md").read_text())
-    assert sorted(listed) == EXAMPLES and len(EXAMPLES) == 4
+    assert sorted(listed) == sorted(p.name for p in DATA.glob("*.sh")) and set(EXAMPLES) <= set(listed)
 
 
 def test_ppo_colocated_with_a_reward_model():
