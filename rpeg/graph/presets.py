@@ -2,14 +2,14 @@
 
 Dimensions are copied from each model's published configuration (Hugging Face `config.json`,
 or the paper for models without one); the source is in each docstring. Names are matched
-case-insensitively (`qwen3-32B`, `Qwen3-32B` and `qwen3-32b` are the same preset).
+case-insensitively (`qwen3-32B`, `Qwen3-32B` and `qwen3-32b` are the same preset). `get_model`
+also takes catalogue ids, config.json files and model folders (rpeg.graph.catalogue).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from rpeg.errors import RpegError
 from rpeg.graph.model import ModelSpec
 
 _PRESETS: dict[str, Callable[[], ModelSpec]] = {}
@@ -25,15 +25,11 @@ def model_names() -> list[str]:
 
 
 def get_model(name: str) -> ModelSpec:
-    if not isinstance(name, str) or not name.strip():
-        got = "an empty name" if isinstance(name, str) else repr(name)
-        raise RpegError(f"a model preset is a name (see `rpeg models`), got {got}")
-    try:
-        return _PRESETS[name.lower()]()
-    except KeyError:
-        close = [n for n in model_names() if name.lower().split("-")[0] in n.lower()]
-        hint = f"; similar: {', '.join(close[:6])}" if close else ""
-        raise RpegError(f"unknown model {name!r} (see `rpeg models`){hint}") from None
+    """The model `name` names: a preset, a catalogue id, a config.json or a model folder
+    (rpeg.graph.catalogue.resolve_model says how each is found)."""
+    from rpeg.graph.catalogue import resolve_model
+
+    return resolve_model(name).spec
 
 
 def _llama(name, layers, hidden, heads, kv_heads, ffn, vocab=128256, **kw) -> ModelSpec:

@@ -172,7 +172,7 @@ def test_names_that_are_not_strings_or_are_empty():
     from rpeg.graph.presets import get_model
 
     for bad, needle in ((3, "got 3"), (None, "got None"), (["a"], "got ['a']"), ("", "got an empty name")):
-        with pytest.raises(RpegError, match=re.escape(f"a model preset is a name (see `rpeg models`), {needle}")):
+        with pytest.raises(RpegError, match=re.escape(f"a model is a preset, a catalogue id, a config.json or a model folder (see `rpeg models`), {needle}")):
             get_model(bad)
     with pytest.raises(RpegError, match="name = '': a model needs a name"):
         get_model("tiny-qwen2").replace(name="")
