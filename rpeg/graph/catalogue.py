@@ -28,6 +28,7 @@ from typing import Any
 from rpeg.errors import RpegError
 from rpeg.graph.hfconfig import config_path, load_config, read_config
 from rpeg.graph.model import ModelSpec
+from rpeg.graph.presets import _PRESETS, model_names
 
 CATALOGUE = "data/catalogue/models.yaml"
 
@@ -97,8 +98,6 @@ class Resolved:
 
 
 def _preset(name: str) -> ModelSpec | None:
-    from rpeg.graph.presets import _PRESETS
-
     fn = _PRESETS.get(name.lower())
     return fn() if fn else None
 
@@ -116,6 +115,11 @@ def _from_catalogue(key: str) -> Resolved | None:
 @functools.cache
 def _cached_entry_spec(entry_id: str, name: str) -> ModelSpec:
     return catalogue()[entry_id].spec(name)
+
+
+def get_model(name: str) -> ModelSpec:
+    """The model `name` names: a preset, a catalogue id, a config.json or a model folder (`resolve_model`)."""
+    return resolve_model(name).spec
 
 
 def resolve_model(ref: Any, base: str | None = None) -> Resolved:
@@ -151,8 +155,6 @@ def resolve_model(ref: Any, base: str | None = None) -> Resolved:
     if ref.endswith(".json") or os.path.isdir(os.path.expanduser(ref)):
         raise RpegError(f"model {ref!r}: no config.json there (a model folder holds one; or name the .json file)")
     close = sorted({e.id for k, (e, _) in _index().items() if ref.lower().split("/")[-1].split("-")[0] in k})
-    from rpeg.graph.presets import model_names
-
     close = [n for n in model_names() if ref.lower().split("-")[0] in n.lower()] + close
     hint = f"; similar: {', '.join(close[:6])}" if close else ""
     raise RpegError(f"unknown model {ref!r}: not a preset, a catalogue id, or a config.json / model folder here "

@@ -3,7 +3,7 @@
 Dimensions are copied from each model's published configuration (Hugging Face `config.json`,
 or the paper for models without one); the source is in each docstring. Names are matched
 case-insensitively (`qwen3-32B`, `Qwen3-32B` and `qwen3-32b` are the same preset). `get_model`
-also takes catalogue ids, config.json files and model folders (rpeg.graph.catalogue).
+(rpeg.graph.catalogue) finds them by name, and catalogue ids, config.json files and model folders too.
 """
 
 from __future__ import annotations
@@ -22,14 +22,6 @@ def preset(fn: Callable[[], ModelSpec]) -> Callable[[], ModelSpec]:
 
 def model_names() -> list[str]:
     return [fn().name for fn in _PRESETS.values()]
-
-
-def get_model(name: str) -> ModelSpec:
-    """The model `name` names: a preset, a catalogue id, a config.json or a model folder
-    (rpeg.graph.catalogue.resolve_model says how each is found)."""
-    from rpeg.graph.catalogue import resolve_model
-
-    return resolve_model(name).spec
 
 
 def _llama(name, layers, hidden, heads, kv_heads, ffn, vocab=128256, **kw) -> ModelSpec:

@@ -22,7 +22,7 @@ from typing import Any
 from rpeg.algorithms import get_algorithm
 from rpeg.errors import RpegError
 from rpeg.graph import Graph, Job, Kind, ParallelLayout
-from rpeg.graph.presets import get_model
+from rpeg.graph.catalogue import get_model
 from rpeg.graph.serde import to_data
 
 # stages that run a model and so carry a layout, in the order the algorithms build them
