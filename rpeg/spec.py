@@ -1,7 +1,9 @@
 """Job files: what a user writes to describe an RL job, and how it becomes a Graph.
 
     algorithm: grpo
-    model: qwen3-8B          # a preset name, or a mapping of ModelSpec fields
+    model: qwen3-8B          # a preset, a catalogue id (Qwen/Qwen2.5-3B-Instruct), a config.json or a
+                             # model folder (relative paths: from the job file's folder, then the working
+                             # directory), or a mapping of ModelSpec fields (`rpeg models --all`)
     reward: rule             # or a model (preset name or mapping); default rule
     critic: qwen3-8B         # PPO only; default: the actor's architecture
     reference: qwen3-8B      # default: the actor's architecture
@@ -20,6 +22,7 @@ Unknown keys are errors (a typo silently ignored is a wrong plan), and so is an 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,14 +65,29 @@ class JobSpec:
         return base, load_cluster(name, used), used
 
 
-def model_from(data: Any, where: str) -> ModelSpec:
+_MODEL = "a model: a preset, a catalogue id, a config.json or a model folder (see `rpeg models --all`)"
+
+
+def model_from(data: Any, where: str, base: str | None = None) -> ModelSpec:
+    """A job file's model: a name (rpeg.graph.catalogue.resolve_model; relative paths from `base`, the job
+    file's folder, first), `{preset: name}`, or a mapping of ModelSpec fields."""
+    from rpeg.graph.catalogue import resolve_model
+
     if isinstance(data, str):
-        return get_model(_name(data, where, "a model preset name (see `rpeg models`)"))
+        return _located(lambda: resolve_model(_name(data, where, _MODEL), base).spec, where)
     if isinstance(data, dict):
         if set(data) == {"preset"}:
-            return get_model(_name(data["preset"], f"{where}.preset", "a model preset name (see `rpeg models`)"))
+            return _located(lambda: resolve_model(_name(data["preset"], f"{where}.preset", _MODEL), base).spec, where)
         return from_data(ModelSpec, {"name": "custom", **data}, where)
     raise RpegError(f"{where}: expected a model name or a mapping of its dimensions, got {data!r}")
+
+
+def _located(read, where: str) -> ModelSpec:
+    try:
+        return read()
+    except RpegError as e:
+        msg = str(e)
+        raise RpegError(msg if msg.startswith(where) else f"{where}: {msg}") from None
 
 
 def _name(value: Any, where: str, what: str) -> str:
@@ -92,11 +110,13 @@ def spec_from_data(data: Any, source: str = "job") -> JobSpec:
             raise RpegError(f"{source}: missing {key!r}")
     algorithm = get_algorithm(_name(data["algorithm"], f"{source}: algorithm", "an algorithm (`rpeg algorithms`)")).name
     reward = data.get("reward", "rule")
+    base = os.path.dirname(os.path.abspath(source)) if os.path.isfile(source) else None  # the job file's folder
     models = Models(
-        actor=model_from(data["model"], f"{source}: model"),
-        critic=model_from(data["critic"], f"{source}: critic") if data.get("critic") is not None else None,
-        reference=model_from(data["reference"], f"{source}: reference") if data.get("reference") is not None else None,
-        reward=None if reward in (None, "rule") else model_from(reward, f"{source}: reward"),
+        actor=model_from(data["model"], f"{source}: model", base),
+        critic=model_from(data["critic"], f"{source}: critic", base) if data.get("critic") is not None else None,
+        reference=model_from(data["reference"], f"{source}: reference", base) if data.get("reference") is not None
+        else None,
+        reward=None if reward in (None, "rule") else model_from(reward, f"{source}: reward", base),
     )
     job = from_data(Job, {} if data.get("job") is None else data["job"], "job")
     config = {} if data.get("config") is None else data["config"]
@@ -137,12 +157,15 @@ def load_spec(path: str) -> JobSpec:
 def spec_data(spec: JobSpec, passes: list | None = None, cluster: str | None = None,
               gpus: int | None = None) -> dict[str, Any]:
     """The job file of `spec` (a mapping `spec_from_data` reads back), with `passes` in place of its
-    own when given. Models are written by preset name, or by their dimensions when not a preset."""
-    from rpeg.graph.presets import model_names
+    own when given. Models are written by the name that resolves to them from any working directory (a
+    preset, a catalogue id, a config's absolute path), or by their dimensions when no name does."""
     from rpeg.graph.serde import to_data
 
     def model(m: ModelSpec) -> Any:
-        return m.name if m.name in model_names() and get_model(m.name) == m else to_data(m)
+        try:
+            return m.name if get_model(m.name) == m else to_data(m)
+        except RpegError:
+            return to_data(m)
 
     data: dict[str, Any] = {"algorithm": spec.algorithm, "model": model(spec.models.actor)}
     for role in ("critic", "reference", "reward"):

@@ -141,15 +141,16 @@ TINY = "{layers: 2, hidden: 64, heads: 4, kv_heads: 4, ffn: 128, vocab: 100"
 @pytest.mark.parametrize("text, needle", [
     # a preset that is not a string: an AttributeError traceback before
     *[(f"algorithm: ppo\njob: {{prompts: 8, samples_per_prompt: 2}}\nmodel: {{preset: {v}}}\n",
-       f"model.preset: expected a model preset name (see `rpeg models`), a string, got {shown}")
+       f"model.preset: expected a model: a preset, a catalogue id, a config.json or a model folder (see `rpeg models "
+       f"--all`), a string, got {shown}")
       for v, shown in (("3", "3"), ("null", "None"), ("[a]", "['a']"), ("{a: 1}", "{'a': 1}"), ("true", "True"))],
-    *[(JOB + f"{role}: {{preset: 3}}\n", f"{role}.preset: expected a model preset name") for role in
+    *[(JOB + f"{role}: {{preset: 3}}\n", f"{role}.preset: expected a model: a preset") for role in
       ("critic", "reference", "reward")],
     (JOB + "critic: {preset: ''}\n", "critic.preset: an empty name"),
     # an empty name silently meant the default before
     (JOB + "cluster: ''\n", "cluster: an empty name; expected a cluster preset"),
     (JOB + "cluster: '  '\n", "cluster: an empty name"),
-    (JOB + "critic: ''\n", "critic: an empty name; expected a model preset name"),
+    (JOB + "critic: ''\n", "critic: an empty name; expected a model: a preset"),
     (JOB + "reference: ''\n", "reference: an empty name"),
     (JOB.replace("algorithm: ppo", "algorithm: ''"), "algorithm: an empty name"),
     (JOB.replace("algorithm: ppo", "algorithm: [ppo]"), "algorithm: expected an algorithm"),

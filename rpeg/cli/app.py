@@ -1,7 +1,7 @@
 """The `rpeg` command.
 
     rpeg algorithms                         list algorithm builders
-    rpeg models                             list model presets with parameter counts
+    rpeg models [--all]                     list model presets (--all: and the catalogue) with parameter counts
     rpeg passes                             list graph passes
     rpeg show ALGO --model NAME [options]   stages, fields, bytes per step; writes DOT and PNG
     rpeg analyze ALGO --model NAME [...]    work-depth table and what async bounds do to depth

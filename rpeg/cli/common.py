@@ -46,7 +46,7 @@ def name(what: str):
 # the flag types of the names most commands take
 CLUSTER = name("a cluster preset name or a cluster file")
 FOLDER = name("an output folder")
-PRESET = name("a model preset name")
+PRESET = name("a model: a preset, a catalogue id, a config.json or a model folder")
 
 
 def _ranged(convert, what: str, lo: float, hi: float):
@@ -78,9 +78,10 @@ class Parser(argparse.ArgumentParser):
 
 def job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("algorithm", metavar="ALGO|JOB.yaml", help="algorithm name, or a job file")
-    p.add_argument("--model", type=PRESET, help="actor model preset (see `rpeg models`)")
-    p.add_argument("--critic", type=PRESET, help="critic model preset (PPO; default: the actor's)")
-    p.add_argument("--reference", type=PRESET, help="reference model preset (default: the actor's)")
+    p.add_argument("--model", type=PRESET, help="actor model: a preset or catalogue id (`rpeg models --all`), a "
+                   "config.json or a model folder")
+    p.add_argument("--critic", type=PRESET, help="critic model, as --model (PPO; default: the actor's)")
+    p.add_argument("--reference", type=PRESET, help="reference model, as --model (default: the actor's)")
     p.add_argument("--reward", type=name("a model preset name or rule"), default="rule",
                    help="reward model preset, or 'rule' (default)")
     g = p.add_argument_group("job")
@@ -157,8 +158,23 @@ def header(graph, spec) -> str:
                  f"{1 + cfg.clip_high:g}], KL {kl}" + (f", oversample {cfg.oversample:g}" if cfg.oversample > 1 else "")
                  + "".join(f", {x}" for x in cfg.loss_notes()))
     lines.append(f"async bound k = {graph.async_bound}")
+    lines += model_lines(spec.models)
     lines.append("passes:\n" + "\n".join("  " + line for line in str(spec.passes).splitlines()))
     return "\n".join(lines)
+
+
+def model_lines(models) -> list[str]:
+    """One line per thing to know about the job's models: a vision tower and how it is planned, and what
+    was assumed reading a config.json (rpeg.graph.catalogue.model_notes)."""
+    from rpeg.graph.catalogue import model_notes
+
+    out, seen = [], set()
+    for m in (models.actor, models.critic, models.reference, models.reward):
+        if m is None or m.name in seen:
+            continue
+        seen.add(m.name)
+        out += [f"model:  {m.name}: {note}" for note in (m.vision_note(), *model_notes(m.name)) if note]
+    return out
 
 
 def print_json(data) -> None:

@@ -21,7 +21,9 @@ def add_parsers(sub) -> None:
     an.add_argument("--json", action="store_true", help="print JSON")
     an.set_defaults(fn=cmd_analyze)
     sub.add_parser("algorithms", help="list algorithms").set_defaults(fn=cmd_algorithms)
-    sub.add_parser("models", help="list model presets").set_defaults(fn=cmd_models)
+    mo = sub.add_parser("models", help="list model presets (--all: and the catalogue of published models)")
+    mo.add_argument("--all", action="store_true", help="also the catalogue: published models by Hugging Face id")
+    mo.set_defaults(fn=cmd_models)
     sub.add_parser("passes", help="list graph passes").set_defaults(fn=cmd_passes)
 
 
@@ -151,16 +153,30 @@ def algo_options() -> list[list[str]]:
 
 def cmd_models(args: argparse.Namespace) -> int:
     from rpeg.graph import get_model, model_names
+    from rpeg.graph.catalogue import catalogue
 
+    print(table(["model", "params", "active", "layers", "hidden", "heads/kv", "attention", "mlp", "experts"],
+                [_model_row(get_model(n)) for n in model_names()], right=[1, 2, 3, 4]))
+    entries = catalogue()
+    if not args.all:
+        print(f"\nand {len(entries)} published models by Hugging Face id (`rpeg models --all`); any config.json or "
+              "model folder also names a model (--model ~/models/Qwen3-8B)")
+        return 0
     rows = []
-    for n in model_names():
-        m = get_model(n)
-        moe = f"{m.experts} (top {m.experts_per_token})" if m.is_moe else "-"
-        rows.append([m.name, params(m.params_total()), params(m.params_active()), m.layers, m.hidden,
-                     f"{m.heads}/{m.kv_heads}", m.attention, m.ffn_act, moe])
-    print(table(["model", "params", "active", "layers", "hidden", "heads/kv", "attention", "mlp", "experts"], rows,
-                right=[1, 2, 3, 4]))
+    for e in entries.values():
+        spec = e.spec()
+        rows.append([e.id, params(spec.params_total()), params(spec.params_active()), spec.layers,
+                     e.config.get("model_type", "?"), e.preset or "-", len(e.aliases)])
+    print(f"\ncatalogue ({len(entries)} models, {sum(1 + len(e.aliases) for e in entries.values())} ids; "
+          "rpeg/data/catalogue/models.yaml)")
+    print(table(["id", "params", "active", "layers", "family", "preset", "aliases"], rows, right=[1, 2, 3, 6]))
     return 0
+
+
+def _model_row(m) -> list:
+    moe = f"{m.experts} (top {m.experts_per_token})" if m.is_moe else "-"
+    return [m.name, params(m.params_total()), params(m.params_active()), m.layers, m.hidden,
+            f"{m.heads}/{m.kv_heads}", m.attention, m.ffn_act, moe]
 
 
 def cmd_passes(args: argparse.Namespace) -> int:

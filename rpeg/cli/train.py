@@ -47,6 +47,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from rpeg.graph.catalogue import model_folder
     from rpeg.graph.serde import from_data
     from rpeg.outfolder import writable_folder
     from rpeg.runtime.config import RuntimeConfig
@@ -58,6 +59,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if spec.runtime is None:
         raise RpegError(f"{args.job}: no runtime section (what model, task and steps to train)")
     rt = from_data(RuntimeConfig, spec.runtime, "runtime")
+    folder = model_folder(spec.models.actor)
+    if folder and "model_path" not in spec.runtime:  # `model:` a local model folder: train from it
+        rt = rt.replace(model_path=folder)
     changes = {k: v for k, v in (("out", args.out), ("steps", args.steps), ("address", args.address),
                                  ("engine", args.engine), ("seed", args.seed), ("threads", args.threads))
                if v is not None and v != ""}

@@ -6,7 +6,8 @@ from rpeg.graph.job import Job, LengthDistribution
 from rpeg.graph.layout import DeviceGroup, ParallelLayout
 from rpeg.graph.model import ModelSpec
 from rpeg.graph.nodes import Field, Kind, ModelRole, Stage, Stream
-from rpeg.graph.presets import get_model, model_names
+from rpeg.graph.catalogue import get_model
+from rpeg.graph.presets import model_names
 from rpeg.graph.verify import VerificationError, Violation, verify
 
 __all__ = [

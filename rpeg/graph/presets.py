@@ -2,14 +2,14 @@
 
 Dimensions are copied from each model's published configuration (Hugging Face `config.json`,
 or the paper for models without one); the source is in each docstring. Names are matched
-case-insensitively (`qwen3-32B`, `Qwen3-32B` and `qwen3-32b` are the same preset).
+case-insensitively (`qwen3-32B`, `Qwen3-32B` and `qwen3-32b` are the same preset). `get_model`
+(rpeg.graph.catalogue) finds them by name, and catalogue ids, config.json files and model folders too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from rpeg.errors import RpegError
 from rpeg.graph.model import ModelSpec
 
 _PRESETS: dict[str, Callable[[], ModelSpec]] = {}
@@ -22,18 +22,6 @@ def preset(fn: Callable[[], ModelSpec]) -> Callable[[], ModelSpec]:
 
 def model_names() -> list[str]:
     return [fn().name for fn in _PRESETS.values()]
-
-
-def get_model(name: str) -> ModelSpec:
-    if not isinstance(name, str) or not name.strip():
-        got = "an empty name" if isinstance(name, str) else repr(name)
-        raise RpegError(f"a model preset is a name (see `rpeg models`), got {got}")
-    try:
-        return _PRESETS[name.lower()]()
-    except KeyError:
-        close = [n for n in model_names() if name.lower().split("-")[0] in n.lower()]
-        hint = f"; similar: {', '.join(close[:6])}" if close else ""
-        raise RpegError(f"unknown model {name!r} (see `rpeg models`){hint}") from None
 
 
 def _llama(name, layers, hidden, heads, kv_heads, ffn, vocab=128256, **kw) -> ModelSpec:

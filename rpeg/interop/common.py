@@ -22,7 +22,7 @@ from typing import Any
 from rpeg.algorithms import get_algorithm
 from rpeg.errors import RpegError
 from rpeg.graph import Graph, Job, Kind, ParallelLayout
-from rpeg.graph.presets import get_model, model_names
+from rpeg.graph.catalogue import get_model
 from rpeg.graph.serde import to_data
 from rpeg.interop.shell import script_command  # noqa: F401 (launch scripts: the importers read them through it)
 
@@ -35,9 +35,9 @@ MODEL_STAGES = ("generate", "generate_greedy", "reward", "actor_logprobs", "ref_
 class PlanView:
     """A job and its plan, as the peers' configs can state them (see the module docstring).
 
-    models: RPEG preset names; `critic` is None without a critic or when it is shared with the
-    actor (`share`); `reward` None: a rule-based reward. `groups`: (name, first device, count);
-    `assign`: (stage, group) for every stage but the weight sync; `layouts`: (stage, layout) for every
+    models: RPEG model names (presets, catalogue ids, config paths); `critic` is None without a critic or
+    when it is shared with the actor (`share`); `reward` None: a rule-based reward. `groups`: (name, first
+    device, count); `assign`: (stage, group) for every stage but the weight sync; `layouts`: (stage, layout) for every
     model stage; `streams`: (producer, consumer, micro-batches)."""
 
     algorithm: str
@@ -168,7 +168,8 @@ def _preset_name(given: Any, spec) -> str:
         return get_model(given).name
     if isinstance(given, dict) and set(given) == {"preset"}:
         return get_model(given["preset"]).name
-    raise RpegError(f"a plan for a peer names its models by preset (`rpeg models`), not by dimensions: {spec.name}")
+    raise RpegError(f"a plan for a peer names its models (a preset, a catalogue id, a config.json or a model folder: "
+                    f"`rpeg models --all`), not their dimensions: {spec.name}")
 
 
 # ---- writing the RPEG job file of a view ---------------------------------------------------------
@@ -239,40 +240,16 @@ def graph_of(view: PlanView) -> Graph:
 
 # ---- what every importer needs -------------------------------------------------------------------
 
-# Hugging Face repository names (the part after the organisation) -> RPEG preset, by the first
-# pattern that matches the lower-cased name. Instruct / Math / Base / Coder variants share their base
-# model's architecture.
-_PRESET_PATTERNS = (
-    (r"llama-?3(\.[123])?-8b", "llama-3.1-8B"), (r"llama-?3(\.[0-9])?-70b", "llama-3.1-70B"),
-    (r"llama-?3\.1-405b", "llama-3.1-405B"), (r"llama-?2-7b", "llama-2-7B"), (r"llama-?2-13b", "llama-2-13B"),
-    (r"llama-?2-70b", "llama-2-70B"),
-    # Qwen2's 0.5B, 1.5B, 7B and 72B have Qwen2.5's shapes (layers, widths, heads, vocabulary)
-    (r"qwen2(\.5)?-(math-|coder-)?0\.5b", "qwen2.5-0.5B"), (r"qwen2(\.5)?-(math-|coder-)?1\.5b", "qwen2.5-1.5B"),
-    (r"qwen2(\.5)?-(math-|coder-)?7b", "qwen2.5-7B"), (r"qwen2\.5-(math-|coder-)?14b", "qwen2.5-14B"),
-    (r"qwen2\.5-(math-|coder-)?32b", "qwen2.5-32B"), (r"qwen2(\.5)?-(math-|coder-)?72b", "qwen2.5-72B"),
-    (r"qwen3-0\.6b", "qwen3-0.6B"), (r"qwen3-1\.7b", "qwen3-1.7B"), (r"qwen3-4b", "qwen3-4B"),
-    (r"qwen3-8b", "qwen3-8B"), (r"qwen3-14b", "qwen3-14B"), (r"qwen3-32b", "qwen3-32B"),
-    (r"qwen3-30b-a3b", "qwen3-30B-A3B"), (r"qwen3-235b-a22b", "qwen3-235B-A22B"),
-    (r"fsfairx-llama3-rm", "llama-3.1-8B"),  # a reward model on Llama-3-8B (sfairXC/FsfairX-LLaMA3-RM-v0.1)
-    (r"deepseek-v3|deepseek-r1(?!-distill)", "deepseek-v3"),
-    (r"deepseek-r1-distill-qwen-1\.5b", "qwen2.5-1.5B"), (r"deepseek-r1-distill-qwen-7b", "qwen2.5-7B"),
-    (r"deepseek-r1-distill-qwen-14b", "qwen2.5-14B"), (r"deepseek-r1-distill-qwen-32b", "qwen2.5-32B"),
-    (r"deepseek-r1-distill-llama-8b", "llama-3.1-8B"), (r"deepseek-r1-distill-llama-70b", "llama-3.1-70B"),
-)
-
-
 def preset_for(path: str) -> str | None:
-    """The RPEG preset of a model path or name (`Qwen/Qwen2.5-7B-Instruct`, `~/models/Qwen3-8B`), or
-    None. An RPEG preset name is itself."""
-    if not isinstance(path, str) or not path:
+    """The RPEG model a peer's model path or name names (`Qwen/Qwen2.5-7B-Instruct`, `~/models/Qwen3-8B`, a
+    local folder with a config.json), or None: its name, which names it again in a job file
+    (rpeg.graph.catalogue.resolve_model: a preset, a catalogue id, or a config's absolute path)."""
+    if not isinstance(path, str) or not path.strip():
         return None
-    if path in model_names():
-        return path
-    low = path.rstrip("/").lower()
-    for pattern, name in _PRESET_PATTERNS:
-        if re.search(pattern, low):
-            return name
-    return None
+    try:
+        return get_model(path).name
+    except RpegError:
+        return None
 
 
 def model_preset(path: Any, key: str, override: str | None = None) -> str:
@@ -281,8 +258,9 @@ def model_preset(path: Any, key: str, override: str | None = None) -> str:
         return get_model(override).name
     name = preset_for(path) if isinstance(path, str) else None
     if name is None:
-        raise RpegError(f"{key} = {path!r}: no RPEG model preset matches it (`rpeg models` lists them); "
-                        "name one with --model")
+        raise RpegError(f"{key} = {path!r}: not a model RPEG knows (a preset or catalogue id: `rpeg models --all`; "
+                        "or a folder with a config.json on this machine); name one with --model (a name, a config.json "
+                        "or a model folder)")
     return name
 
 
@@ -406,8 +384,12 @@ HF_NAMES = {
 
 
 def hf_name(preset: str) -> str:
-    """A Hugging Face repository of the preset's architecture (the config names a path; RPEG knows shapes)."""
-    if preset not in HF_NAMES:
-        raise RpegError(f"model {preset!r} has no Hugging Face repository this export knows; a peer's config loads "
-                        f"weights by path (presets with one: {', '.join(HF_NAMES)})")
-    return HF_NAMES[preset]
+    """A Hugging Face repository of the model's architecture (the config names a path; RPEG knows shapes):
+    a preset's from HF_NAMES; a catalogue id (`org/name`) or a local model folder (absolute) is one itself."""
+    if preset in HF_NAMES:
+        return HF_NAMES[preset]
+    if "/" in preset:
+        return preset
+    raise RpegError(f"model {preset!r} has no Hugging Face repository this export knows; a peer's config loads "
+                    f"weights by path (presets with one: {', '.join(HF_NAMES)}; catalogue ids and model folders are "
+                    "their own)")

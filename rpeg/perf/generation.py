@@ -216,12 +216,14 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
     n = max(1, math.ceil(work.sequences / instances))
     dev = cluster.device
     util = (KV_MEMORY_UTILIZATION_COLOCATED if colocated else KV_MEMORY_UTILIZATION).value
-    capacity = memory.kv_capacity_tokens(spec, engine_layout(spec, layout), dev.hbm_capacity_bytes,
-                                         memory_utilization=util)
     longest = work.prompt_len + work.response.max
+    # sliding-window layers keep at most their window of a sequence: per token, that depends on its length
+    typical = work.prompt_len + work.response.moments()[0]
+    capacity = memory.kv_capacity_tokens(spec, engine_layout(spec, layout), dev.hbm_capacity_bytes,
+                                         memory_utilization=util, context=typical)
     if capacity < longest:  # not even one sequence fits beside the weights: no time, an OOM verdict
         weights = memory.weight_bytes_per_device(spec, engine_layout(spec, layout))
-        need = weights + longest * memory.kv_cache_bytes_per_token(spec, layout.tp)
+        need = weights + longest * memory.kv_cache_bytes_per_token(spec, layout.tp, context=longest)
         return StageCost(stage=name, seconds=math.inf, peak_memory_bytes=need,
                          capacity_bytes=dev.hbm_capacity_bytes,
                          memory_parts=(("weights", weights), ("kv_cache", need - weights)), devices=layout.devices,

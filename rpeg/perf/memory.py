@@ -120,8 +120,8 @@ def _tp_replicated_params(spec: ModelSpec, index: int) -> int:
 
 def _layer_device_params(spec: ModelSpec, index: int, tp: int, ep: int) -> DeviceParams:
     if spec.is_moe and index >= spec.dense_layers:
-        expert = spec.experts * spec.mlp_params(spec.moe_ffn) / ep  # expert tensor parallelism 1
-        dense = spec.layer_params(index) - spec.experts * spec.mlp_params(spec.moe_ffn)
+        expert = spec.experts * spec.expert_params() / ep  # expert tensor parallelism 1
+        dense = spec.layer_params(index) - spec.experts * spec.expert_params()
     else:
         expert, dense = 0.0, spec.layer_params(index)
     rep = _tp_replicated_params(spec, index)
@@ -147,10 +147,10 @@ def device_params(spec: ModelSpec, layout: ParallelLayout, *, stage: int | None 
     for i in stage_layers(spec, pp)[stage]:
         p = _layer_device_params(spec, i, tp, ep)
         dense, expert = dense + p.dense, expert + p.expert
-    if stage == 0:
-        dense += vocab_shard + spec.position_embeddings * h
+    if stage == 0:  # a VLM's vision tower sits here too, whole on every tensor-parallel rank (ModelSpec.vision_note)
+        dense += vocab_shard + spec.position_embeddings * h + spec.vision_params
     if stage == pp - 1:
-        dense += spec.norm_params() / 2  # the final norm
+        dense += spec.norm_width()  # the final norm
         if value_head:
             dense += h
         elif not spec.tied_embeddings or pp > 1:
@@ -393,24 +393,27 @@ def inference_memory(spec: ModelSpec, layout: ParallelLayout, *, seq_len: float,
 
 
 # ---- KV cache -----------------------------------------------------------------------------------
-def kv_cache_bytes_per_token(spec: ModelSpec, tp: int = 1, dtype_bytes: float = BF16_BYTES) -> float:
+def kv_cache_bytes_per_token(spec: ModelSpec, tp: int = 1, dtype_bytes: float = BF16_BYTES,
+                             context: float = 0.0) -> float:
     """KV-cache bytes one token takes on one device, all layers. MHA/GQA: K and V heads split over
     tp, one whole head per rank once tp exceeds kv_heads (vLLM replicates them). MLA caches the
     latent and the rotary key (kv_lora_rank + rope_head_dim per layer), which vLLM keeps whole on
-    every tensor-parallel rank."""
-    elements = spec.kv_elements_per_token()
+    every tensor-parallel rank. `context`: the sequences' length, for models with sliding-window
+    layers (they keep only the window: ModelSpec.kv_elements_per_token)."""
+    elements = spec.kv_elements_per_token(context)
     if spec.attention == "mla":
         return elements * dtype_bytes
     return elements * dtype_bytes * math.ceil(spec.kv_heads / tp) / spec.kv_heads
 
 
 def kv_capacity_tokens(spec: ModelSpec, layout: ParallelLayout, capacity_bytes: float, *,
-                       memory_utilization: float = 0.9, activation_reserve_bytes: float = 0.0) -> float:
+                       memory_utilization: float = 0.9, activation_reserve_bytes: float = 0.0,
+                       context: float = 0.0) -> float:
     """Tokens of KV cache one generation instance can hold, vLLM-style: each device budgets
     `memory_utilization` x capacity (vLLM's gpu_memory_utilization, default 0.9; the rest covers
     CUDA context and NCCL) less its weights and `activation_reserve_bytes`, and fills the rest with
     KV blocks. With pp each stage caches only its own layers; the tightest stage decides."""
-    per_token_all_layers = kv_cache_bytes_per_token(spec, layout.tp)
+    per_token_all_layers = kv_cache_bytes_per_token(spec, layout.tp, context=context)
     tokens = math.inf
     for s, layers in enumerate(stage_layers(spec, layout.pp)):
         weights = BF16_BYTES * device_params(spec, layout, stage=s).total

@@ -3,7 +3,8 @@
 In a job file it is the `runtime:` section:
 
     runtime:
-      model_path: tiny          # a local Hugging Face folder, or `tiny` to build the tiny model
+      model_path: tiny          # a local Hugging Face folder, or `tiny` to build the tiny model; left out,
+                                # the job's `model:` when that is a local model folder (it wins when given)
       reward_model_path: tiny   # only for a job with a reward model: a sequence-classification folder
       task: {name: arithmetic, ops: [add], level: 2}
       steps: 40

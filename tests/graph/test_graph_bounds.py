@@ -145,7 +145,7 @@ def test_length_range_edges_are_accepted_and_stay_finite():
 
 def test_counts_have_upper_bounds():
     from rpeg.graph import DeviceGroup
-    from rpeg.graph.presets import get_model
+    from rpeg.graph import get_model
     from rpeg.passes import bound_asynchrony, stream
 
     with pytest.raises(RpegError, match="mini_batches = 1,048,577 exceeds 1,048,576"):
@@ -169,10 +169,10 @@ def test_counts_have_upper_bounds():
 
 
 def test_names_that_are_not_strings_or_are_empty():
-    from rpeg.graph.presets import get_model
+    from rpeg.graph import get_model
 
     for bad, needle in ((3, "got 3"), (None, "got None"), (["a"], "got ['a']"), ("", "got an empty name")):
-        with pytest.raises(RpegError, match=re.escape(f"a model preset is a name (see `rpeg models`), {needle}")):
+        with pytest.raises(RpegError, match=re.escape(f"a model is a preset, a catalogue id, a config.json or a model folder (see `rpeg models`), {needle}")):
             get_model(bad)
     with pytest.raises(RpegError, match="name = '': a model needs a name"):
         get_model("tiny-qwen2").replace(name="")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rpeg.graph.presets import get_model
+from rpeg.graph import get_model
 
 REQUIRED = bool(os.environ.get("RPEG_REQUIRE_PEERS"))
 

@@ -138,7 +138,7 @@ def test_colocated_generation_is_named():
     ("actor: {path: Qwen/Qwen3-8B, backend: 'fsdp:d4p2'}\nrollout: {backend: 'sglang:d4'}\n"
      "train_dataset: {batch_size: 8}\n", "fsdp with pipeline or expert parallelism"),
     ("actor: {path: /my/model, backend: 'fsdp:d4', kl_ctl: 0.0}\nrollout: {backend: 'sglang:d4'}\n"
-     "train_dataset: {batch_size: 8}\n", "no RPEG model preset matches it"),
+     "train_dataset: {batch_size: 8}\n", "not a model RPEG knows"),
     ("actor: {path: Qwen/Qwen3-8B, backend: 'fsdp:d4', kl_ctl: 0.0}\nrollout: {backend: 'sglang:d4'}\n"
      "train_dataset: {batch_size: 8}\ncluster: {n_nodes: 1, n_gpus_per_node: 4}\n", "the backends use 8 GPUs"),
 ])

@@ -140,7 +140,7 @@ def test_what_openrlhf_cannot_express_is_named(plans):
     ("python3 -m openrlhf.cli.train_ppo_ray --algo.advantage.estimator group_norm --reward.remote_url x "
      "--actor.model_name_or_path Qwen/Qwen3-8B\n", "--vllm.num_engines is not set"),
     ("python3 -m openrlhf.cli.train_ppo_ray --algo.advantage.estimator group_norm --reward.remote_url x "
-     "--actor.model_name_or_path /data/mine --vllm.num_engines 2\n", "no RPEG model preset matches it"),
+     "--actor.model_name_or_path /data/mine --vllm.num_engines 2\n", "not a model RPEG knows"),
     ("python3 -m openrlhf.cli.train_ppo_ray --algo.advantage.estimator group_norm --reward.remote_url x "
      "--actor.model_name_or_path Qwen/Qwen3-8B --vllm.num_engines 2 --rollout.batch_size 10 "
      "--rollout.n_samples_per_prompt 3 --train.batch_size 16\n", "is not a multiple of --train.batch_size 16"),

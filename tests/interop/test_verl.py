@@ -176,7 +176,7 @@ def test_what_verl_cannot_express_is_named():
     ("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=opo actor_rollout_ref.model.path=Qwen/Qwen3-8B\n",
      "adv_estimator = 'opo': RPEG has no such estimator"),
     ("python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=/data/my-model algorithm.adv_estimator=grpo\n",
-     "no RPEG model preset matches it"),
+     "not a model RPEG knows"),
     ("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo actor_rollout_ref.model.path=Qwen/Qwen3-8B "
      "data.train_batch_size=100 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2\n",
      "is not a multiple of actor_rollout_ref.actor.ppo_mini_batch_size = 256"),
