@@ -92,7 +92,7 @@ def _lower_bound(graph: Graph, cluster: Cluster, flops: dict[str, float]) -> flo
 
 def _sync_and_switch_s(graph: Graph, cluster: Cluster) -> float:
     """Seconds of a plan's weight syncs and context switch per step."""
-    switch = _context_switch(graph)
+    switch = _context_switch(graph, cluster)
     return (sum(stage_cost(graph, s, cluster).seconds for s in graph.stages if s.kind is Kind.SYNC)
             + (switch[1].seconds if switch else 0.0))
 
