@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ def test_import_prints_both_plans_and_writes_three_files(capsys, tmp_path):
     assert rc == 0
     assert "read verl job" in out and "(synchronous trainer): grpo on qwen2.5-7B, 8 x h100-sxm" in out
     assert "verl (as configured)" in out and "\nrpeg " in out
-    assert "not mapped (15 keys" in out and "actor_rollout_ref.actor.optim.lr = 1e-6" in out
+    assert "not mapped (13 keys" in out and "actor_rollout_ref.actor.optim.lr = 1e-6" in out
     assert "assumed (the config does not say)" in out
     files = sorted(p.name for p in (tmp_path / "o").iterdir())
     assert files == ["rpeg-plan-verl.sh", "rpeg-plan.yaml", "verl-job.yaml"]
@@ -41,7 +42,7 @@ def test_import_prints_both_plans_and_writes_three_files(capsys, tmp_path):
     data = json.loads(iout)
     assert math.isclose(json.loads(pout)["step_s"], data["plans"][0]["step_s"], rel_tol=1e-12)
     assert data["plans"][1]["plan"] == "rpeg" and data["plans"][1]["speedup"] > 0
-    assert data["mode"] == "sync" and len(data["unmapped"]) == 15
+    assert data["mode"] == "sync" and len(data["unmapped"]) == 13
     exported = (tmp_path / "o" / "rpeg-plan-verl.sh").read_text()
     assert exported.startswith("#!/usr/bin/env bash\n# written by rpeg export")
     assert "# predicted by RPEG on 8 x h100-sxm (dgx-h100): this config" in exported
@@ -86,19 +87,18 @@ def test_bad_input_is_one_line(capsys, tmp_path, argv, message):
 
 
 def test_import_says_when_rpegs_plan_as_the_peers_config_does_not_fit(capsys, tmp_path):
-    """Qwen2.5-32B on verl's 8 GPUs: RPEG's plan fits, but not as verl's config (without ZeRO-3 and the
-    fused logprobs). The line said so by formatting None: a TypeError after the tables (issue 23)."""
+    """Qwen2.5-32B on verl's 8 GPUs: verl's config as written does not fit; RPEG's plan fits by keeping
+    the optimizer on the host (Megatron-Core's optimizer_cpu_offload), which verl's config can say, so
+    the line states its time. (Before offload was a plan option it did not fit as verl's config, and the
+    line formatted None: a TypeError after the tables, issue 23.)"""
     argv = ["import", DATA / "verl" / "run_qwen3-8b.sh", "--from", "verl", "--model", "qwen2.5-32B", "--steps", 1]
     rc, out, err = run(capsys, *argv, "--out", tmp_path / "o")
     assert rc == 0 and err == "", err
     assert "where the time goes (verl as configured)" in out and "RPEG's plan: rpeg:" in out
+    assert "verl (as configured)  does not fit" in out
     line = next(x for x in out.splitlines() if x.startswith("  as verl config"))
-    assert line == ("  as verl config (rpeg-plan-verl.sh), without what verl cannot express: "
-                    "does not fit in memory"), line
+    assert re.fullmatch(r"  as verl config \(rpeg-plan-verl.sh\), without what verl cannot express: [\d.]+ s a step",
+                        line), line
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["rpeg-plan-verl.sh", "rpeg-plan.yaml",
                                                                   "verl-job.yaml"]
-    assert "this config does not fit in memory" in (tmp_path / "o" / "rpeg-plan-verl.sh").read_text()
-    rc, out, _ = run(capsys, *argv, "--out", tmp_path / "j", "--json")
-    data = json.loads(out)
-    assert rc == 0 and data["rpeg_plan"] and data["export"]["as_written_s"] is None
-    assert data["export"]["full_plan_s"] > 0
+    assert "optimizer_cpu_offload=True" in (tmp_path / "o" / "rpeg-plan-verl.sh").read_text()
