@@ -14,6 +14,8 @@ from rpeg.errors import RpegError
 from rpeg.graph.bounds import MAX_GPUS
 
 Recompute = Literal["none", "selective", "full"]
+# the parts of a trainer's state on each device (rpeg.perf.memory.MemoryBreakdown's names)
+STATE_PARTS = ("weights", "gradients", "optimizer")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,6 +60,18 @@ class ParallelLayout:
     longest sequence in tokens (NeMo-RL's train_mb_tokens / logprob_mb_tokens, verl's
     ppo_max_token_len_per_gpu); without it, micro_batch sequences, each padded to the batch's
     longest (Hugging Face-style padded batches).
+
+    Offload (training stages; rpeg/perf/offload.py says what each system's flag does):
+    offload_optimizer: the fraction of the optimizer state (fp32 master weights and Adam moments)
+    that lives in host memory while the stage computes, its Adam step run by the host CPU (DeepSpeed
+    ZeRO-Offload and OpenRLHF's --adam_offload: 1; Megatron-Core's --optimizer-cpu-offload with
+    --optimizer-offload-fraction f: f); with zero >= 2 the same fraction of the gradient partition
+    goes to the host too. offload_params: the weight and gradient shards live in host memory and
+    each layer's are fetched when it runs (ZeRO-3 offload_param, FSDP2's CPUOffloadPolicy); needs
+    zero = 3 and offload_optimizer = 1. resident: the parts of the state ("weights", "gradients",
+    "optimizer") that stay on the devices while a colocated generation engine runs; the others are
+    moved to the host and back around it (gradients: freed) - verl's param_offload /
+    optimizer_offload / grad_offload false keep a part resident.
     """
 
     dp: int = 1
@@ -72,6 +86,9 @@ class ParallelLayout:
     pp_uneven: bool = False
     micro_batch: int = 1
     packing: bool = True
+    offload_optimizer: float = 0.0
+    offload_params: bool = False
+    resident: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         bad = [f"{f} = {getattr(self, f)}" for f in ("dp", "tp", "pp", "cp", "ep", "pp_interleave", "micro_batch")
@@ -86,6 +103,20 @@ class ParallelLayout:
             raise RpegError("parallel layout: sequence_parallel needs tp > 1")
         if self.pp_interleave > 1 and self.pp == 1:
             raise RpegError(f"parallel layout: pp_interleave = {self.pp_interleave} needs pp > 1")
+        if isinstance(self.offload_optimizer, bool):  # true/false as a job file may say it: all or nothing
+            object.__setattr__(self, "offload_optimizer", float(self.offload_optimizer))
+        if not isinstance(self.offload_optimizer, (int, float)) or not 0.0 <= self.offload_optimizer <= 1.0:
+            raise RpegError(f"parallel layout: offload_optimizer = {self.offload_optimizer!r} must be a fraction "
+                            "from 0 to 1 (or true/false)")
+        object.__setattr__(self, "offload_optimizer", float(self.offload_optimizer))
+        if self.offload_params and (self.zero != 3 or self.offload_optimizer != 1.0):
+            raise RpegError(f"parallel layout: offload_params needs zero = 3 and offload_optimizer = 1 (zero = "
+                            f"{self.zero}, offload_optimizer = {self.offload_optimizer:g}): ZeRO-3's offload_param and "
+                            "FSDP2's CPUOffloadPolicy keep the shards and the optimizer step on the host")
+        if isinstance(self.resident, str) or not all(p in STATE_PARTS for p in self.resident):
+            raise RpegError(f"parallel layout: resident = {self.resident!r} must list some of "
+                            f"{', '.join(STATE_PARTS)}")
+        object.__setattr__(self, "resident", tuple(p for p in STATE_PARTS if p in self.resident))
 
     def replace(self, **changes) -> ParallelLayout:
         return dataclasses.replace(self, **changes)
@@ -117,4 +148,10 @@ class ParallelLayout:
             parts.append(f"mb{self.micro_batch}")
         if not self.packing:
             parts.append("unpacked")
+        if self.offload_optimizer:
+            parts.append("optimizer-on-host" + (f"={self.offload_optimizer:g}" if self.offload_optimizer < 1 else ""))
+        if self.offload_params:
+            parts.append("params-on-host")
+        if self.resident:
+            parts.append("resident=" + "+".join(self.resident))
         return " ".join(parts) or "single device"

@@ -72,7 +72,9 @@ _NOT_PLAN = (
     ("vllm", "engine settings"), ("scheduler", "the launcher"), ("actor.optimizer", "optimizer settings"),
     ("actor.reward_", "reward shaping"), ("actor.adv_norm", "advantage normalization does not change the cost"),
     ("rollout.", "the rollout client's settings"), ("tokenizer_path", "paths"),
-    ("total_train_epochs", "the run's length"), ("enable_offload", "offload is not modelled"),
+    ("total_train_epochs", "the run's length"),
+    ("enable_offload", "the trainer's state moved to the host between phases (torch_memory_saver) while the engines "
+                       "share its GPUs: RPEG's AReaL plans give the engines GPUs of their own"),
 )
 
 

@@ -183,7 +183,7 @@ def layout_data(layout: ParallelLayout) -> dict[str, Any]:
     for f in dataclasses.fields(ParallelLayout):
         v = getattr(layout, f.name)
         if f.name != "dp" and v != getattr(_LAYOUT_DEFAULT, f.name):
-            out[f.name] = v
+            out[f.name] = list(v) if isinstance(v, tuple) else v  # resident: a YAML list
     return out
 
 

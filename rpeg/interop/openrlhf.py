@@ -33,7 +33,9 @@ The mapping (sources: train_ppo_ray.py's parser and the checks after it; trainer
   as cp, `--actor.gradient_checkpointing_enable` (actor and critic) as full recomputation,
   `--train.micro_batch_size` and `--rollout.micro_batch_size` as micro-batches,
   `--ds.packing_samples` as packing (`--train.dynamic_batch_enable`: `--train.max_tokens_per_gpu`
-  over the longest sequence, packed); `--ref.offload` keeps the reference on the host. Async:
+  over the longest sequence, packed); `--ref.offload` keeps the reference on the host;
+  `--ds.adam_offload` (older `--adam_offload`) keeps the actor's and the critic's optimizer on the
+  host with its Adam step (offload_optimizer = 1, rpeg/perf/offload.py). Async:
   `--train.async_enable` with a queue of `--train.async_queue_size` batches (k), and
   `--train.partial_rollout_enable`. The weight sync broadcasts every tensor gathered in full.
 
@@ -96,7 +98,8 @@ DEFAULTS: dict[str, Any] = {
     "actor.model_name_or_path": None, "critic.model_name_or_path": None, "reward.model_name_or_path": None,
     "reward.remote_url": None, "ref.offload": False,
 }
-FLAGS = {k for k, v in DEFAULTS.items() if isinstance(v, bool)} | {"vllm.enable_sleep", "ds.enable_sleep"}
+FLAGS = {k for k, v in DEFAULTS.items() if isinstance(v, bool)} | {"vllm.enable_sleep", "ds.enable_sleep",
+                                                                    "ds.adam_offload", "adam_offload"}
 FLOAT2 = {"actor.eps_clip_low_high", "algo.advantage.is_correction_threshold", "algo.dynamic_filtering_range",
           "reward.clip_range", "actor.adam.betas", "critic.adam.betas"}
 
@@ -439,6 +442,10 @@ def _from_args(args: dict[str, Any], source: str, *, model, response_mean, clust
         layouts["critic_update"] = shape("critic").replace(zero=zero, recompute=recompute, micro_batch=train_mb)
     if reward:
         layouts["reward"] = shape("reward").replace(zero=fz, micro_batch=fwd_mb)
+    host = _adam_offload(a)
+    for s in ("actor_update", "critic_update"):
+        if s in layouts:
+            layouts[s] = layouts[s].replace(offload_optimizer=host)
     names = stage_names(algorithm, critic=bool(critic), reference=uses_ref, reward_model=bool(reward), share=False)
     role_of = {"generate": "vllm", "generate_greedy": "vllm", "reward": "reward", "ref_logprobs": "ref",
                "critic_values": "critic", "critic_update": "critic"}
@@ -465,6 +472,13 @@ def _from_args(args: dict[str, Any], source: str, *, model, response_mean, clust
         notes.skip(key, value, why or "not read by RPEG (no part of the plan or the job it changes)")
     return Imported(system=SYSTEM, mode="async" if async_on else "sync", view=view, unmapped=tuple(notes.unmapped),
                     assumed=tuple(notes.assumed), source=source)
+
+
+def _adam_offload(a: _Args) -> float:
+    """--ds.adam_offload (older releases: --adam_offload): DeepSpeed's offload_optimizer {device: cpu,
+    pin_memory: true} for the actor and the critic, the optimizer state and its Adam step on the host
+    (DeepSpeedCPUAdam; mechanism (a) of rpeg/perf/offload.py): ParallelLayout.offload_optimizer = 1."""
+    return 1.0 if a.get("ds.adam_offload") or a.get("adam_offload") else 0.0
 
 
 # ---- what OpenRLHF can run ------------------------------------------------------------------------
@@ -513,6 +527,13 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
     if a.recompute == "selective":
         lines.append("selective recomputation: OpenRLHF checkpoints whole layers (full)")
     zero, tp, cp, packing = a.zero, a.tp, a.cp, a.packing
+    host = 1.0 if a.offload_optimizer else 0.0
+    if a.offload_optimizer not in (0.0, 1.0) or a.offload_params:
+        lines.append(f"actor_update {a.describe()}: OpenRLHF's --ds.adam_offload keeps all of the optimizer on the "
+                     "host, and the parameters on the GPUs")
+    if a.resident:
+        lines.append(f"actor_update keeps its {'+'.join(a.resident)} resident through generation: OpenRLHF's "
+                     "colocated engines need the trainer asleep (--ds.enable_sleep moves its state to the host)")
     rec = "full" if a.recompute != "none" else "none"
     fz = 3 if zero == 3 else 0
     groups = {n: c for n, _, c in v.groups}
@@ -528,7 +549,7 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
             if n % (tp * cp):
                 raise RpegError(f"OpenRLHF export: tp x ring = {tp} x {cp} does not divide {s}'s {n} GPUs")
             want = base.replace(zero=zero if train else fz, recompute=rec if train else "none",
-                                micro_batch=a.micro_batch if train else fwd)
+                                micro_batch=a.micro_batch if train else fwd, offload_optimizer=host if train else 0.0)
         if want != lay[s] and s != "actor_update":
             if s not in ("generate", "generate_greedy") or lay[s].devices != want.devices or lay[s].pp > 1:
                 lines.append(f"{s} laid out as {lay[s].describe()}: OpenRLHF runs it as {want.describe()} (one "
@@ -693,6 +714,8 @@ def arguments(view: PlanView) -> list[str]:
             flag("train.colocate_critic_reward")
     a = lay["actor_update"]
     flag("ds.zero_stage", a.zero)
+    if a.offload_optimizer:
+        flag("ds.adam_offload")
     if a.tp > 1:
         flag("ds.tensor_parallel_size", a.tp)
     if a.cp > 1:

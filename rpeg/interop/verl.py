@@ -36,7 +36,12 @@ The mapping, key by key:
   forward_micro_batch_size_per_gpu, or with use_dynamic_bsz the token budget
   ppo_max_token_len_per_gpu over the longest sequence; model.use_remove_padding is packing;
   model.enable_gradient_checkpointing is full recomputation; ref.fsdp_config.param_offload keeps
-  the reference on the host. Generation: rollout.tensor_model_parallel_size (and
+  the reference on the host. Offload of the actor's and the critic's state (_offload_of, what each
+  key does: rpeg/perf/offload.py): fsdp_config.param_offload / optimizer_offload and
+  megatron.param_offload / grad_offload / optimizer_offload false keep that part resident through
+  generation (verl's defaults: all resident), fsdp_config.offload_policy (FSDP2) is offload_params,
+  optim.override_optimizer_config.optimizer_cpu_offload with optimizer_offload_fraction is
+  offload_optimizer. Generation: rollout.tensor_model_parallel_size (and
   pipeline_model_parallel_size) over the group. The weight sync: FSDP gathers every tensor in
   full, Megatron its shard (the 3D-HybridEngine), as rpeg/search/baselines/verl.py models it.
 
@@ -98,6 +103,12 @@ LOSS_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 ROLLOUT_IS = {"token": "tis", "sequence": "tis-seq"}
 
 # verl's defaults for the keys read here (trainer/config/_generated_ppo_trainer.yaml, legacy_data.yaml)
+# where each trained model's offload keys live: (FSDP's fsdp_config, Megatron's, Megatron-Core's optimizer overrides)
+_OFFLOAD_KEYS = {
+    "actor_update": ("actor_rollout_ref.actor.fsdp_config.", "actor_rollout_ref.actor.megatron.",
+                     "actor_rollout_ref.actor.optim.override_optimizer_config."),
+    "critic_update": ("critic.model.fsdp_config.", "critic.megatron.", "critic.optim.override_optimizer_config."),
+}
 DEFAULTS: dict[str, Any] = {
     "data.train_batch_size": 1024, "data.max_prompt_length": 512, "data.max_response_length": 512,
     "data.gen_batch_size": None,
@@ -118,6 +129,13 @@ DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": None,
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": None,
     "actor_rollout_ref.ref.fsdp_config.param_offload": False,
+    # offload of the trained models' state (_offload_of): verl's defaults keep it all on the GPUs
+    **{f"{fsdp}{k}": False for fsdp, _, _ in _OFFLOAD_KEYS.values()
+       for k in ("param_offload", "optimizer_offload", "offload_policy")},
+    **{f"{meg}{k}": False for _, meg, _ in _OFFLOAD_KEYS.values()
+       for k in ("param_offload", "grad_offload", "optimizer_offload")},
+    **{f"{opt}optimizer_cpu_offload": False for _, _, opt in _OFFLOAD_KEYS.values()},
+    **{f"{opt}optimizer_offload_fraction": 1.0 for _, _, opt in _OFFLOAD_KEYS.values()},
     "actor_rollout_ref.actor.megatron.tensor_model_parallel_size": 1,
     "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": 1,
     "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size": None,
@@ -524,6 +542,10 @@ def _from_config(cfg: dict[str, Any], mode: str, megatron: bool, source: str, *,
                          "bound counts whole steps; verl's fraction caps the stale samples per sync)")
         partial = c.flag("async_training.partial_rollout")
     ref_host = uses_ref and strategy != "megatron" and c.flag("actor_rollout_ref.ref.fsdp_config.param_offload")
+    for stage in ("actor_update", "critic_update"):
+        if stage in layouts:
+            st = strategy if stage == "actor_update" else (c.get("critic.strategy") or strategy)
+            layouts[stage] = layouts[stage].replace(**_offload_of(c, stage, st, notes))
 
     view = PlanView(
         algorithm=algorithm, actor=actor, job=job, gpus=gpus, critic=critic, reward=reward,
@@ -614,6 +636,66 @@ def _recompute(c: _Config, prefix: str, strategy: str) -> str:
     return "full" if ckpt else "none"
 
 
+def _offload_of(c: _Config, stage: str, strategy: str, notes: Notes) -> dict[str, Any]:
+    """The layout fields of a trained model's offload keys (rpeg/perf/offload.py says what each does).
+    FSDP: param_offload / optimizer_offload move the weights / optimizer state to the host between
+    phases (false: resident; the gradients are freed either way); FSDP2's offload_policy keeps the
+    shards and the optimizer step on the host throughout. Megatron: param_offload / grad_offload /
+    optimizer_offload between phases; Megatron-Core's optimizer_cpu_offload with
+    optimizer_offload_fraction runs that fraction of the optimizer on the host."""
+    fsdp, meg, opt = _OFFLOAD_KEYS[stage]
+    if strategy == "megatron":
+        resident = tuple(part for part, k in (("weights", "param_offload"), ("gradients", "grad_offload"),
+                                              ("optimizer", "optimizer_offload")) if not c.flag(meg + k))
+        host = c.num(opt + "optimizer_offload_fraction", whole=False, minimum=0) \
+            if c.flag(opt + "optimizer_cpu_offload") else 0.0
+        if host > 1:
+            raise RpegError(f"{c.source}: {opt}optimizer_offload_fraction = {host}: a fraction from 0 to 1")
+        return {"resident": resident, "offload_optimizer": float(host)}
+    if c.flag(fsdp + "offload_policy"):
+        if strategy != "fsdp2":
+            c.skip(notes, fsdp + "offload_policy", "offload_policy is FSDP2's (strategy fsdp2): FSDP1 ignores it")
+        else:
+            for k in ("param_offload", "optimizer_offload"):  # verl turns them off under offload_policy
+                c.get(fsdp + k)
+            return {"offload_optimizer": 1.0, "offload_params": True}
+    return {"resident": tuple(part for part, k in (("weights", "param_offload"), ("optimizer", "optimizer_offload"))
+                              if not c.flag(fsdp + k))}
+
+
+def _offload_project(stage: str, lay: ParallelLayout, megatron: bool, lines: list[str]) -> ParallelLayout:
+    """What verl's backend can say of a layout's offload (see _offload_of)."""
+    want = lay
+    if megatron and lay.offload_params:
+        want = lay.replace(offload_params=False)
+        lines.append(f"{stage} parameters on the host: verl's Megatron backend keeps them on the GPUs while it trains "
+                     "(param_offload moves them between phases only)")
+    elif not megatron and (lay.offload_optimizer or lay.offload_params):
+        want = lay.replace(offload_optimizer=1.0, offload_params=True, resident=())
+        if want != lay:
+            lines.append(f"{stage} {lay.describe()}: verl's FSDP backend keeps the optimizer on the host only with the "
+                         "parameters (fsdp_config.offload_policy, FSDP2's CPUOffloadPolicy)")
+    elif not megatron and "gradients" in lay.resident:
+        want = lay.replace(resident=tuple(p for p in lay.resident if p != "gradients"))
+        lines.append(f"{stage} gradients resident through generation: verl's FSDP backend frees them after each update")
+    return want
+
+
+def _offload_keys(stage: str, lay: ParallelLayout, megatron: bool) -> list[str]:
+    """verl's offload keys of a trained model's layout (after _offload_project)."""
+    fsdp, meg, opt = _OFFLOAD_KEYS[stage]
+    if megatron:
+        out = [f"{meg}{k}={_fmt(part not in lay.resident)}" for part, k in (
+            ("weights", "param_offload"), ("gradients", "grad_offload"), ("optimizer", "optimizer_offload"))]
+        if lay.offload_optimizer:
+            out += [f"+{opt}optimizer_cpu_offload=True", f"+{opt}optimizer_offload_fraction={lay.offload_optimizer!r}"]
+        return out
+    if lay.offload_params:
+        return [f"{fsdp}offload_policy=True"]  # with strategy fsdp2 (the caller writes it)
+    return [f"{fsdp}param_offload={_fmt('weights' not in lay.resident)}",
+            f"{fsdp}optimizer_offload={_fmt('optimizer' not in lay.resident)}"]
+
+
 _KEY_WHY = {
     "grad_clip": "gradient clipping does not change a step's cost in RPEG's model",
     "fsdp_size": "hybrid sharding (FSDP inside groups of this size, replicated across them) is not modelled: read as "
@@ -642,8 +724,9 @@ def _note_rest(cfg: dict[str, Any], used: set[str], notes: Notes, *, uses_ref: b
             why = "sampling settings are not part of the plan (the response lengths stand for their effect)"
         if why is None and key.endswith("gpu_memory_utilization"):
             why = "the engine's memory share: RPEG sizes the KV cache from the layout"
-        if why is None and (key.endswith("param_offload") or key.endswith("optimizer_offload")):
-            why = "CPU offload of the trained model's state is not modelled"
+        if why is None and key.endswith(("param_offload", "optimizer_offload", "grad_offload")):
+            why = "offload of a model whose state RPEG does not track there (it reads the trained models' and the " \
+                  "FSDP reference's)"
         if why is None and key.endswith((".name", ".mode")) and "rollout" in key:
             why = "the engine's name and mode: RPEG models vLLM-style engines alike"
         notes.skip(key, value, why or "not read by RPEG (no part of the plan or the job it changes)")
@@ -704,7 +787,7 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
     elif a.pp_uneven:
         lines.append("uneven pipeline stages: not set by this export (verl's Megatron layer split options)")
         a = a.replace(pp_uneven=False)
-    lay["actor_update"] = a
+    lay["actor_update"] = a = _offload_project("actor_update", a, megatron, lines)
     shape = dict(dp=a.dp, tp=a.tp, pp=a.pp, cp=a.cp, ep=a.ep, zero=a.zero, sequence_parallel=a.sequence_parallel,
                  pp_interleave=a.pp_interleave, packing=a.packing)
     for s in ("actor_logprobs", "ref_logprobs"):
@@ -720,7 +803,10 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
             want = cu.replace(zero=cu.zero if cu.zero in (0, 1) else 1, pp_uneven=False)
         else:
             want = ParallelLayout(dp=cu.devices // cu.cp, cp=cu.cp, zero=3, packing=cu.packing,
-                                  micro_batch=cu.micro_batch, recompute="full" if cu.recompute != "none" else "none")
+                                  micro_batch=cu.micro_batch, recompute="full" if cu.recompute != "none" else "none",
+                                  offload_optimizer=cu.offload_optimizer, offload_params=cu.offload_params,
+                                  resident=cu.resident)
+        want = _offload_project("critic_update", want, megatron, lines)
         if want != cu:
             lines.append(f"critic_update laid out as {cu.describe()}: verl's {'Megatron' if megatron else 'FSDP'} "
                          f"critic takes {want.describe()}")
@@ -728,7 +814,7 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
         cv = lay["critic_values"]
         # Megatron's critic has no forward micro-batch of its own: its ppo_micro_batch_size_per_gpu
         want_v = want.replace(recompute="none", micro_batch=want.micro_batch if megatron else cv.micro_batch,
-                              zero=0 if megatron else 3)
+                              zero=0 if megatron else 3, offload_optimizer=0.0, offload_params=False, resident=())
         if want_v != cv:
             lines.append(f"critic_values laid out as {cv.describe()}: verl runs it on the critic's workers")
         lay["critic_values"] = want_v
@@ -869,11 +955,13 @@ def overrides(view: PlanView) -> tuple[str, list[str], str]:
         if a.pp_interleave > 1:
             out.append(f"{M}virtual_pipeline_model_parallel_size={a.pp_interleave}")
         out += _megatron_recompute(M, a.recompute)
+        out += _offload_keys("actor_update", a, megatron)
         out += [f"actor_rollout_ref.ref.megatron.tensor_model_parallel_size={a.tp}",
                 f"actor_rollout_ref.ref.megatron.pipeline_model_parallel_size={a.pp}"]
     else:
-        out += [f"{A}strategy=fsdp", f"{A}ulysses_sequence_parallel_size={a.cp}",
+        out += [f"{A}strategy={'fsdp2' if a.offload_params else 'fsdp'}", f"{A}ulysses_sequence_parallel_size={a.cp}",
                 f"actor_rollout_ref.model.enable_gradient_checkpointing={_fmt(a.recompute == 'full')}"]
+        out += _offload_keys("actor_update", a, megatron)
         if "ref_logprobs" in lay:
             out.append(f"actor_rollout_ref.ref.fsdp_config.param_offload={_fmt(v.reference_on_host)}")
     out.append(f"{A}ppo_micro_batch_size_per_gpu={a.micro_batch}")
@@ -896,8 +984,10 @@ def overrides(view: PlanView) -> tuple[str, list[str], str]:
                 out.append(f"{M}virtual_pipeline_model_parallel_size={cu.pp_interleave}")
             out += _megatron_recompute(M, cu.recompute)
         else:
-            out += ["critic.strategy=fsdp", f"critic.ulysses_sequence_parallel_size={cu.cp}",
+            out += [f"critic.strategy={'fsdp2' if cu.offload_params else 'fsdp'}",
+                    f"critic.ulysses_sequence_parallel_size={cu.cp}",
                     f"critic.model.enable_gradient_checkpointing={_fmt(cu.recompute == 'full')}"]
+        out += _offload_keys("critic_update", cu, megatron)
         out.append(f"critic.ppo_micro_batch_size_per_gpu={cu.micro_batch}")
         if not megatron:
             out.append(f"critic.forward_micro_batch_size_per_gpu={cv.micro_batch}")

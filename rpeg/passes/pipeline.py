@@ -36,7 +36,7 @@ PASSES: dict[str, tuple[Callable[..., Graph], str]] = {
     "stream": (stream, "consumers start on micro-batches as producers finish them"),
     "place": (place, "stages onto device groups"),
     "colocate": (colocate, "every stage on the same devices"),
-    "parallelize": (parallelize, "a stage's DP/TP/PP/CP/EP layout, ZeRO stage and recomputation"),
+    "parallelize": (parallelize, "a stage's DP/TP/PP/CP/EP layout, ZeRO stage, recomputation and offload"),
     "partial_rollout": (partial_rollout, "generation never drains: running responses carry into the next step (k >= 1)"),
     "refit": (refit, "how a colocated weight sync gathers the engine's weights: its shard, or every tensor in full"),
     "reference_on_host": (reference_on_host, "the reference's weights wait in host memory and are swapped in for its pass"),

@@ -104,6 +104,28 @@ DP_OVERLAP = Factor(0.5, "Megatron/FSDP overlap gradient reduce-scatter with the
 # ---- RL step -------------------------------------------------------------------------------------------
 HOST_LINK_BYTES_PER_S = Factor(25e9, "device <-> host copies run at ~25 GB/s per GPU over PCIe Gen5 x16 "
                                      "(half of its 64 GB/s when all GPUs of a node copy at once)")
+HOST_LINK_C2C_BYTES_PER_S = Factor(
+    170e9, "a Grace-hosted GPU (GH200, GB200) copies to and from host memory over NVLink-C2C (450 GB/s per "
+           "direction): nvbandwidth's copy-engine device-to-host rate is 170 GB/s per GPU on 4x GH200 and 193 on "
+           "4x GB300, host-to-device 411 and 211 (Megatron-LM issue #6491, 2026); the slower direction is taken")
+# Both rates are pinned (page-locked) copies, which every offload path costed here uses: DeepSpeed's
+# offload_optimizer with pin_memory (OpenRLHF sets it), Megatron's HybridDeviceOptimizer (pin_cpu_grads,
+# pin_cpu_params), FSDP2's CPUOffloadPolicy(pin_memory=True), DeepSpeed's offload_states and vLLM's sleep
+# mode. A copy to or from pageable memory is staged through a bounce buffer at a tenth of the rate:
+# 1.4 against 12.6 GB/s device-to-host on an A100 (PyTorch PR #138018), 2.4 against 24.4 GiB/s on a PCIe
+# Gen4 L20 (torch_memory_saver issue #111), ~2.8 GB/s on an H200's Gen5 link (sglang PR #32032, a
+# module.to("cpu")). RPEG costs every host copy at the pinned rate; a path that copies to pageable memory
+# (module.to("cpu") without non_blocking, .cpu().pin_memory()) runs slower than predicted.
+HOST_OPTIMIZER_BYTES_PER_S = {  # host DRAM bandwidth one GPU's CPU Adam step gets (rpeg/perf/offload.py)
+    "x86": Factor(50e9, "a CPU Adam step (DeepSpeedCPUAdam, Megatron's HybridDeviceOptimizer) is bound by host "
+                        "DRAM: it streams the fp32 gradient, master weight and two moments "
+                        "(OPTIMIZER_BYTES_PER_PARAM). "
+                        "A two-socket DGX host has 16 DDR4-3200 channels (2x EPYC 7742, 410 GB/s) or 16 DDR5-4800 "
+                        "(2x Xeon 8480C, 614 GB/s); STREAM reaches ~70-75% of that, shared by the node's 8 GPUs' "
+                        "ranks: ~40-55 GB/s per GPU"),
+    "grace": Factor(200e9, "a Grace CPU has ~500 GB/s of LPDDR5X (NVIDIA Grace Hopper Superchip datasheet, up to "
+                           "512 GB/s); a GB200 superchip's Grace serves two GPUs: ~200 GB/s each at STREAM-like ~80%"),
+}
 
 
 def gemm_efficiency(device) -> float:
@@ -120,6 +142,11 @@ def gemm_efficiency(device) -> float:
 def host_time(device) -> float:
     """How much longer host-side work takes on the CPU that drives `device` (HOST_TIME)."""
     return HOST_TIME[device.host].value
+
+
+def host_link_bytes_per_s(device) -> float:
+    """Pinned device <-> host copy bandwidth of one of `device`'s GPUs (PCIe on x86 hosts, NVLink-C2C on Grace)."""
+    return (HOST_LINK_C2C_BYTES_PER_S if device.host == "grace" else HOST_LINK_BYTES_PER_S).value
 
 
 def link_efficiency(link: str) -> float:

@@ -302,6 +302,40 @@ def _zero3_working_set(spec: ModelSpec, layout: ParallelLayout, stage: int, grad
 
 
 # ---- training and inference ---------------------------------------------------------------------
+def _state_bytes(spec: ModelSpec, layout: ParallelLayout, stage: int, grad_dtype_bytes: float, value_head: bool,
+                 host: float, groups: tuple[int, int]) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes one device of pipeline `stage` keeps while it trains.
+
+    `host`: the fraction of the optimizer state kept in host memory (ParallelLayout.offload_optimizer).
+    It leaves the device, and with ZeRO-2/3 so does that fraction of the gradient partition (ZeRO-Offload
+    copies each reduced bucket to pinned host memory: the reduce bucket is the device's working set, as
+    without offload); with ZeRO-0/1 the full gradient buffer stays (Megatron's HybridDeviceOptimizer copies
+    the gradients of its host part out of the buffer it keeps). `offload_params`: the weight and gradient
+    shards live on the host too; what stays is the layers being gathered (`_zero3_working_set`)."""
+    p = device_params(spec, layout, stage=stage, value_head=value_head)
+    sharded = _sharded(p, groups)
+    weights = (sharded if layout.zero == 3 else p.total) * BF16_BYTES
+    grads = (sharded if layout.zero >= 2 else p.total) * grad_dtype_bytes
+    optimizer = (sharded if layout.zero >= 1 else p.total) * ADAM_BYTES_PER_PARAM * (1.0 - host)
+    if layout.zero >= 2:
+        grads *= 1.0 - host
+    if layout.offload_params:
+        weights = grads = 0.0
+    return weights, grads, optimizer
+
+
+def trainer_state_bytes(spec: ModelSpec, layout: ParallelLayout, *, grad_dtype_bytes: float = 4,
+                        value_head: bool = False) -> dict[str, float]:
+    """What a trainer keeps on one device between its steps, on its fullest pipeline stage, by
+    part (`weights`, `gradients`, `optimizer`): what a colocated engine's phase finds there unless
+    it is moved out (ParallelLayout.resident)."""
+    groups = data_parallel_groups(spec, layout)
+    stages = [_state_bytes(spec, layout, s, grad_dtype_bytes, value_head, layout.offload_optimizer, groups)
+              for s in range(layout.pp)]
+    w, g, o = max(stages, key=sum)
+    return {"weights": w, "gradients": g, "optimizer": o}
+
+
 def training_memory_stages(spec: ModelSpec, layout: ParallelLayout, *, seq_len: float, micro_batch: float,
                            microbatches_in_flight: int | None = None, flash_attention: bool = True,
                            offload_optimizer: bool = False, grad_dtype_bytes: float = 4,
@@ -309,15 +343,12 @@ def training_memory_stages(spec: ModelSpec, layout: ParallelLayout, *, seq_len: 
     """`training_memory` for every pipeline stage, first to last."""
     tp, pp, sp, cp = layout.tp, layout.pp, layout.sequence_parallel, layout.cp
     groups = data_parallel_groups(spec, layout)
+    host = max(layout.offload_optimizer, 1.0 if offload_optimizer else 0.0)
     act_kw = dict(seq_len=seq_len, tp=tp, sp=sp, flash=flash_attention, dropout=dropout)
     tokens = seq_len * micro_batch / cp
     out = []
     for s, layers in enumerate(stage_layers(spec, pp)):
-        p = device_params(spec, layout, stage=s, value_head=value_head)
-        sharded = _sharded(p, groups)
-        weights = (sharded if layout.zero == 3 else p.total) * BF16_BYTES
-        grads = (sharded if layout.zero >= 2 else p.total) * grad_dtype_bytes
-        optimizer = 0.0 if offload_optimizer else (sharded if layout.zero >= 1 else p.total) * ADAM_BYTES_PER_PARAM
+        weights, grads, optimizer = _state_bytes(spec, layout, s, grad_dtype_bytes, value_head, host, groups)
         per_mb = tokens * sum(_layer_bytes_per_token(spec, i, recompute=layout.recompute, **act_kw) for i in layers)
         in_flight = _chunks_in_flight(pp, layout.pp_interleave, s, microbatches_in_flight)
         acts = in_flight * per_mb
@@ -340,8 +371,10 @@ def training_memory(spec: ModelSpec, layout: ParallelLayout, *, seq_len: float, 
                     dropout: bool = False) -> MemoryBreakdown:
     """Peak memory of one device in a training step, on the fullest pipeline stage.
 
-    weights bf16; gradients `grad_dtype_bytes` per parameter; optimizer 12 bytes per parameter
-    (0 when offloaded to host); ZeRO stages shard as in the module docstring. Activations: the
+    weights bf16; gradients `grad_dtype_bytes` per parameter; optimizer 12 bytes per parameter;
+    ZeRO stages shard as in the module docstring; what the layout offloads to the host
+    (`offload_optimizer`, `offload_params`; `offload_optimizer=True` here offloads all of the
+    optimizer state) leaves the device (`_state_bytes`). Activations: the
     stage's layers times the micro-batches its schedule holds (`microbatches_in_flight`, the
     step's micro-batches per pipeline, caps the schedule's count), plus with full recomputation
     one layer's full activations while it is recomputed, plus the output layer on the last stage.

@@ -61,7 +61,7 @@ def predict_step(graph: Graph, cluster: Cluster) -> StepPrediction:
     gpus = max(g.first + g.count for g in graph.groups)
     cluster = cluster.with_gpus(gpus) if not cluster.gpus or cluster.gpus < gpus else cluster
     costs = {s.name: stage_cost(graph, s, cluster) for s in graph.stages}
-    switch = _context_switch(graph)
+    switch = _context_switch(graph, cluster)
     pred = _step(graph, costs, switch, gpus)
     if len(cluster.sharing) >= gpus > 1 and len({s.group for s in graph.stages if s.group}) > 1:
         # devices sharing one machine's cores (cpu-local as D devices): a stage runs at the rate one
@@ -145,7 +145,7 @@ def fused_seconds(graph: Graph, group: tuple[str, ...], costs: dict[str, StageCo
     return max(total, longest)
 
 
-def _context_switch(graph: Graph) -> tuple[str, StageCost] | None:
+def _context_switch(graph: Graph, cluster: Cluster | None = None) -> tuple[str, StageCost] | None:
     """A colocated plan (generation sharing devices with training) switches twice per step."""
     train = next((s for s in graph.stages if s.kind is Kind.TRAIN and s.model == "actor"), None)
     gen = next((s for s in graph.stages if s.kind is Kind.GENERATE), None)
@@ -153,7 +153,8 @@ def _context_switch(graph: Graph) -> tuple[str, StageCost] | None:
         return None
     if not graph.group(train.group).overlaps(graph.group(gen.group)):
         return None
-    return gen.name, context_switch_cost(SWITCH, graph.model("actor").spec, train.layout, gen.layout)
+    return gen.name, context_switch_cost(SWITCH, graph.model("actor").spec, train.layout, gen.layout,
+                                         cluster.device if cluster is not None else None)
 
 
 def _devices(graph: Graph, name: str) -> set[int]:

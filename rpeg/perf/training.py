@@ -8,7 +8,9 @@ reduce-scatter with sequence parallelism, the same bytes) twice in the forward a
 backward, not overlapped (Megatron-LM's default); context-parallel KV exchange overlapped with
 attention; expert-parallel all-to-all twice each way; pipeline sends of the activations at each
 stage boundary. After the last micro-batch: the gradient reduction over data parallelism, partly
-overlapped, and the optimizer step, which is memory-bound.
+overlapped, and the optimizer step, which is memory-bound. A layout that offloads the optimizer
+(or the parameters) to the host adds the host link's traffic and the CPU's Adam step, each its own
+line of the breakdown (rpeg/perf/offload.py).
 """
 
 from __future__ import annotations
@@ -19,13 +21,13 @@ from dataclasses import dataclass
 from rpeg.graph.layout import ParallelLayout
 from rpeg.graph.model import ModelSpec
 from rpeg.hardware.topology import Cluster
-from rpeg.perf import memory
+from rpeg.perf import memory, offload
 from rpeg.perf.collectives import (Group, all_gather_s, all_reduce_s, all_to_all_s, p2p_s, reduce_scatter_s,
                                    tensorwise_all_gather_s)
 from rpeg.perf.compute import BF16, LayerTime, eager_host_s, head_forward, layer_forward
 from rpeg.perf.cost import StageCost
 from rpeg.perf.efficiency import (DP_OVERLAP, HBM, KERNEL_LAUNCH_S, KERNELS_PER_LAYER, OPTIMIZER_BYTES_PER_PARAM,
-                                  host_time)
+                                  host_link_bytes_per_s, host_time)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -125,6 +127,7 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
     fsdp_measured = layout.zero == 3 and dev.fsdp_unit_s > 0 and dp * cp > 1
     fsdp_measured_s = (1 if work.forward_only else 3) * m * units * dev.fsdp_unit_s
     params_dev = memory.params_per_device(spec, layout)
+    host_parts: tuple[tuple[str, float], ...] = ()
     if not work.forward_only:
         split = memory.device_params(spec, layout)
         dense_params, expert_params = split.dense, split.expert
@@ -147,14 +150,20 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
             dp_s += max(0.0, 2 * m * gather - pipeline_s) + gather
         # ZeRO shards the optimizer state as the memory model does: dense over dp*cp, experts over dp*cp*tp/ep
         dense_dp, expert_dp = memory.data_parallel_groups(spec, layout) if layout.zero >= 1 else (1, 1)
-        opt_s = (dense_params / dense_dp + expert_params / expert_dp) * OPTIMIZER_BYTES_PER_PARAM.value / (
+        owned = dense_params / dense_dp + expert_params / expert_dp  # parameters whose optimizer state it keeps
+        opt_s = (1.0 - layout.offload_optimizer) * owned * OPTIMIZER_BYTES_PER_PARAM.value / (
             dev.hbm_bandwidth_bytes_per_s * HBM[dev.kind].value)
+        host_parts = offload.optimizer_offload_parts(owned, layout, dev)
+        if layout.offload_params:  # each micro-batch's forward and backward copy the shards up, overlapped
+            fetch = offload.param_fetch_bytes(spec, layout, value_head=work.value_head) / host_link_bytes_per_s(dev)
+            host_parts += ((offload.FETCH, max(0.0, 2 * m * fetch - pipeline_s) + fetch / units),)
     if work.forward_only and fsdp_measured:
         dp_s = fsdp_measured_s
     elif work.forward_only and layout.zero == 3:  # FSDP forward: gather each micro-batch's weights, overlapped
         gather = tensorwise_all_gather_s(cluster, params_dev * BF16, Group(dp, tp * cp), units)
         dp_s = max(0.0, m * gather - pipeline_s) + gather
-    per_step = pipeline_s + dp_s + opt_s
+    host_s = sum(s for _, s in host_parts)
+    per_step = pipeline_s + dp_s + opt_s + host_s
     steps = work.optimizer_steps
     total = per_step * steps
 
@@ -178,8 +187,8 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
              ("pipeline sends", m * p2p * steps),
              ("pipeline bubble", bubble_s),
              ("gradient sync", dp_s * steps),
-             ("optimizer", opt_s * steps))
-    return StageCost(stage=name, seconds=total, compute_s=compute_s, memory_s=opt_s * steps, comm_s=comm_s,
+             ("optimizer", opt_s * steps)) + tuple((k, s * steps) for k, s in host_parts)
+    return StageCost(stage=name, seconds=total, compute_s=compute_s, memory_s=(opt_s + host_s) * steps, comm_s=comm_s,
                      overhead_s=bubble_s, flops=flops_dev * devices * steps / max(1, 1),
                      bytes=(fwd.bytes + head.bytes) * m * devices * steps,
                      peak_memory_bytes=mem.total, capacity_bytes=dev.hbm_capacity_bytes,

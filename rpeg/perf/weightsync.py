@@ -26,7 +26,8 @@ from rpeg.perf.collectives import (Group, all_gather_s, broadcast_s, tensorwise_
                                    weight_tensors)
 from rpeg.perf.compute import BF16
 from rpeg.perf.cost import StageCost
-from rpeg.perf.efficiency import HBM, HOST_LINK_BYTES_PER_S, link_efficiency
+from rpeg.perf.efficiency import HBM, HOST_LINK_BYTES_PER_S, host_link_bytes_per_s, link_efficiency
+from rpeg.perf.offload import switched_state_bytes
 
 
 def weight_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: ParallelLayout, cluster: Cluster, *,
@@ -129,15 +130,15 @@ ENGINE_SLEEP = "engine sleep"  # after generation: the engine releases weights a
 ENGINE_WAKE = "engine wake"  # before generation
 
 
-def context_switch_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: ParallelLayout) -> StageCost:
+def context_switch_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: ParallelLayout,
+                        device=None) -> StageCost:
     """Offload the trainer's state to host before generation and reload it after; the engine
-    likewise releases its weights after generation (vLLM's sleep mode) and reloads them."""
-    params = memory.params_per_device(spec, train)
-    opt_shard = train.dp if train.zero >= 1 else 1
-    weight_shard = train.dp if train.zero >= 3 else 1
-    state = params * BF16 / weight_shard + params * 12 / opt_shard  # weights, optimizer (gradients dropped)
+    likewise releases its weights after generation (vLLM's sleep mode) and reloads them. What the
+    training layout keeps resident, or on the host anyway, is not moved (rpeg/perf/offload.py).
+    `device`: whose host link the copies take (None: an x86 host's PCIe, HOST_LINK_BYTES_PER_S)."""
+    state = switched_state_bytes(memory.params_per_device(spec, train), train)  # gradients are freed, not moved
     engine = spec.params_total() * BF16 / (gen.tp * gen.pp)
-    host = HOST_LINK_BYTES_PER_S.value
+    host = host_link_bytes_per_s(device) if device is not None else HOST_LINK_BYTES_PER_S.value
     parts = ((OFFLOAD_TRAINER, state / host), (RELOAD_TRAINER, state / host), (ENGINE_SLEEP, engine / host),
              (ENGINE_WAKE, engine / host))
     seconds = 2 * state / host + 2 * engine / host

@@ -35,6 +35,9 @@ def check_plan(graph: Graph) -> None:
         if lay and s.kind is Kind.TRAIN and lay.dp > 1 and lay.zero < 3:
             raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime shards data-parallel training "
                             "with FSDP2, which is ZeRO-3 (zero = 3); plain or ZeRO-1/2 data parallelism is not run")
+        if lay and (lay.offload_optimizer or lay.offload_params):
+            raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime keeps the optimizer state and "
+                            "the parameters on the devices; offload to the host is planned, not executed")
         if s.kind is Kind.REWARD and s.model is not None and lay is not None and lay.devices != lay.dp:
             raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime runs a reward model data "
                             "parallel only (one scorer per device)")
@@ -147,7 +150,8 @@ def runnable_plan(graph: Graph, cluster: Cluster, gpus: int, micro_batch: int = 
     every training and forward pass in micro-batches of `micro_batch` padded rows (`runtime.micro_batch`),
     stated in the plan's layouts so that the prediction counts the micro-batches the runtime runs."""
     options = LayoutOptions(train_tp=(1,), train_pp=(1,), train_cp=(1,), zero=(3,), infer_zero=(0, 3), gen_tp=(1,),
-                            expert_parallel=False, sequence_parallel=False, micro_batch=micro_batch, packing=False)
+                            expert_parallel=False, sequence_parallel=False, micro_batch=micro_batch, packing=False,
+                            offload=False)
     space = SpaceOptions(share=False, fuse=True, stream=False, placements=("colocated", "split"), partial_rollout=False)
     result = search(graph, cluster, gpus, max_staleness=1, options=options, space=space, budget=200)
     for cand in result.ranked:

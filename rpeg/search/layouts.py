@@ -38,6 +38,10 @@ class LayoutOptions:
     # what one micro-batch of a training or forward pass holds (ParallelLayout.micro_batch, packing)
     micro_batch: int = 1
     packing: bool = True
+    # training stages may keep the optimizer state on the host (and, with ZeRO-3, the parameters):
+    # tried in a shape only when nothing without offload fits in it (rpeg/perf/offload.py). RPEG's
+    # own search turns it on; the peers' baselines keep their systems' defaults (no offload)
+    offload: bool = False
 
 
 @dataclass
@@ -90,10 +94,20 @@ def candidates(graph: Graph, stage: Stage, devices: int, node: int, opts: Layout
                     for zero in zeros:
                         for rec in recs:
                             sp = opts.sequence_parallel and tp > 1 and (train or infer)
-                            out.append(ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, recompute=rec,
-                                                      sequence_parallel=sp, pp_uneven=bool(spec.layers % pp),
-                                                      micro_batch=opts.micro_batch, packing=opts.packing))
+                            lay = ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, recompute=rec,
+                                                 sequence_parallel=sp, pp_uneven=bool(spec.layers % pp),
+                                                 micro_batch=opts.micro_batch, packing=opts.packing)
+                            out.append(lay)
+                            if train and opts.offload:
+                                out.append(lay.replace(offload_optimizer=1.0))
+                                if zero == 3:
+                                    out.append(lay.replace(offload_optimizer=1.0, offload_params=True))
     return out
+
+
+def offload_level(lay: ParallelLayout) -> int:
+    """0 nothing on the host, 1 the optimizer, 2 the parameters too: tried in that order."""
+    return 2 if lay.offload_params else (1 if lay.offload_optimizer else 0)
 
 
 def _key(graph: Graph, stage: Stage, cluster: Cluster, opts: LayoutOptions) -> tuple:
@@ -113,9 +127,11 @@ def best_layout(graph: Graph, stage: Stage, cluster: Cluster, opts: LayoutOption
     best: tuple[ParallelLayout, StageCost] | None = None
     fitting = cache.shapes.setdefault(key, [])
     # Within one shape (tp, pp, cp, ep) the options are tried from the cheapest up - ZeRO-1 before
-    # ZeRO-3, no recomputation before selective before full - and the first that fits is kept:
-    # a costlier option that also fits is never faster. Generation tries engines inside a node
-    # before engines across nodes.
+    # ZeRO-3, no recomputation before selective before full, offload to the host last (the optimizer,
+    # then the parameters too) - and the first that fits is kept: a costlier option that also fits is
+    # never faster. Offload is so chosen only in a shape where nothing else fits, and wins over
+    # the other shapes only where it is faster. Generation tries engines inside a node before
+    # engines across nodes.
     order = {"none": 0, "selective": 1, "full": 2}
     shapes: dict[tuple, list[ParallelLayout]] = {}
     for lay in candidates(graph, stage, devices, cluster.gpus_per_node, opts):
@@ -124,7 +140,7 @@ def best_layout(graph: Graph, stage: Stage, cluster: Cluster, opts: LayoutOption
     tiers = [[k for k in shapes if k[0] * k[1] <= node], [k for k in shapes if k[0] * k[1] > node]]
     for tier in tiers:
         for shape in tier:
-            for lay in sorted(shapes[shape], key=lambda x: (x.zero, order[x.recompute])):  # zero 0 < 1 < 3
+            for lay in sorted(shapes[shape], key=lambda x: (offload_level(x), x.zero, order[x.recompute])):
                 trial = stage.replace(layout=lay)
                 if layout_problems(graph, trial):
                     continue

@@ -92,7 +92,7 @@ def _lower_bound(graph: Graph, cluster: Cluster, flops: dict[str, float]) -> flo
 
 def _sync_and_switch_s(graph: Graph, cluster: Cluster) -> float:
     """Seconds of a plan's weight syncs and context switch per step."""
-    switch = _context_switch(graph)
+    switch = _context_switch(graph, cluster)
     return (sum(stage_cost(graph, s, cluster).seconds for s in graph.stages if s.kind is Kind.SYNC)
             + (switch[1].seconds if switch else 0.0))
 
@@ -132,7 +132,7 @@ def _finish(graph: Graph) -> Graph:
 
 
 def search(graph: Graph, cluster: Cluster, gpus: int, *, objective: str = "time", max_staleness: int = 1,
-           options: LayoutOptions = LayoutOptions(), budget: int = 20000, keep: int = 5,
+           options: LayoutOptions = LayoutOptions(offload=True), budget: int = 20000, keep: int = 5,
            cache: LayoutCache | None = None, space: SpaceOptions = SpaceOptions()) -> SearchResult:
     """`graph`: the algorithm's graph before execution passes. `budget`: candidates to evaluate at most."""
     if objective not in OBJECTIVES:
@@ -202,7 +202,8 @@ class NoFeasiblePlan(DoesNotFit):
                          f"({cluster.device.hbm_capacity_bytes / 1e9:.0f} GB each)")
 
 
-def nearest_feasible(graph: Graph, cluster: Cluster, gpus: int, options: LayoutOptions = LayoutOptions(),
+def nearest_feasible(graph: Graph, cluster: Cluster, gpus: int,
+                     options: LayoutOptions = LayoutOptions(offload=True),
                      max_staleness: int = 1, space: SpaceOptions = SpaceOptions()) -> tuple[str, SearchResult] | None:
     """The first of: more GPUs (2x, 4x, 8x), a smaller batch (half, quarter of the prompts)."""
     node = cluster.gpus_per_node

@@ -55,7 +55,7 @@ class _Plan:
         bad = [c.stage for c in self.costs.values() if not c.fits or not math.isfinite(c.seconds)]
         if bad:
             raise RpegError(f"the plan does not fit in memory: stage {bad[0]!r} (see `rpeg predict`)")
-        switch = _context_switch(graph)
+        switch = _context_switch(graph, cluster)
         self.switch_s = switch[1].seconds if switch else 0.0
         self.unit_of = {s.name: s.name for s in graph.stages}
         for grp in graph.fusion:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ def test_import_prints_both_plans_and_writes_three_files(capsys, tmp_path):
     assert rc == 0
     assert "read verl job" in out and "(synchronous trainer): grpo on qwen2.5-7B, 8 x h100-sxm" in out
     assert "verl (as configured)" in out and "\nrpeg " in out
-    assert "not mapped (15 keys" in out and "actor_rollout_ref.actor.optim.lr = 1e-6" in out
+    assert "not mapped (13 keys" in out and "actor_rollout_ref.actor.optim.lr = 1e-6" in out
     assert "assumed (the config does not say)" in out
     files = sorted(p.name for p in (tmp_path / "o").iterdir())
     assert files == ["rpeg-plan-verl.sh", "rpeg-plan.yaml", "verl-job.yaml"]
@@ -41,7 +42,7 @@ def test_import_prints_both_plans_and_writes_three_files(capsys, tmp_path):
     data = json.loads(iout)
     assert math.isclose(json.loads(pout)["step_s"], data["plans"][0]["step_s"], rel_tol=1e-12)
     assert data["plans"][1]["plan"] == "rpeg" and data["plans"][1]["speedup"] > 0
-    assert data["mode"] == "sync" and len(data["unmapped"]) == 15
+    assert data["mode"] == "sync" and len(data["unmapped"]) == 13
     exported = (tmp_path / "o" / "rpeg-plan-verl.sh").read_text()
     assert exported.startswith("#!/usr/bin/env bash\n# written by rpeg export")
     assert "# predicted by RPEG on 8 x h100-sxm (dgx-h100): this config" in exported
@@ -86,49 +87,45 @@ def test_bad_input_is_one_line(capsys, tmp_path, argv, message):
 
 
 def test_import_says_when_rpegs_plan_as_the_peers_config_does_not_fit(capsys, tmp_path):
-    """Qwen2.5-32B on verl's 8 GPUs: RPEG's plan fits, but not as verl's config (without ZeRO-3 and the
-    fused logprobs). The line said so by formatting None: a TypeError after the tables (issue 23)."""
+    """Qwen2.5-32B on verl's 8 GPUs: verl's config as written does not fit; RPEG's plan fits by keeping
+    the optimizer on the host (Megatron-Core's optimizer_cpu_offload), which verl's config can say, so
+    the line states its time. (Before offload was a plan option it did not fit as verl's config, and the
+    line formatted None: a TypeError after the tables, issue 23.)"""
     argv = ["import", DATA / "verl" / "run_qwen3-8b.sh", "--from", "verl", "--model", "qwen2.5-32B", "--steps", 1]
     rc, out, err = run(capsys, *argv, "--out", tmp_path / "o")
     assert rc == 0 and err == "", err
     assert "where the time goes (verl as configured)" in out and "RPEG's plan: rpeg:" in out
+    assert "verl (as configured)  does not fit" in out
     line = next(x for x in out.splitlines() if x.startswith("  as verl config"))
-    assert line == ("  as verl config (rpeg-plan-verl.sh), without what verl cannot express: "
-                    "does not fit in memory"), line
+    assert re.fullmatch(r"  as verl config \(rpeg-plan-verl.sh\), without what verl cannot express: [\d.]+ s a step",
+                        line), line
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["rpeg-plan-verl.sh", "rpeg-plan.yaml",
                                                                   "verl-job.yaml"]
-    assert "this config does not fit in memory" in (tmp_path / "o" / "rpeg-plan-verl.sh").read_text()
-    rc, out, _ = run(capsys, *argv, "--out", tmp_path / "j", "--json")
-    data = json.loads(out)
-    assert rc == 0 and data["rpeg_plan"] and data["export"]["as_written_s"] is None
-    assert data["export"]["full_plan_s"] > 0
-    # the file says so on its first line after the shebang, before anything else (issue 24)
-    lines = (tmp_path / "o" / "rpeg-plan-verl.sh").read_text().splitlines()
-    assert lines[0].startswith("#!") and lines[1].startswith("# DOES NOT FIT: RPEG predicts this config runs out of "
-                                                             "memory on 8 x h100-sxm ("), lines[:3]
-    assert data["export"]["does_not_fit"] and data["export"]["does_not_fit"] in lines[1]
+    assert "optimizer_cpu_offload=True" in (tmp_path / "o" / "rpeg-plan-verl.sh").read_text()
 
 
 def test_export_of_a_plan_that_does_not_fit_says_so_first(capsys, tmp_path):
-    """`rpeg export` to stdout and to a file: the first line of each says the config does not fit."""
+    """A config RPEG predicts runs out of memory says so on its first line (after the shebang), in the file
+    and in what `rpeg export` prints (issue 24). verl's own plan of run_qwen3-8b with Qwen2.5-32B does not
+    fit its 8 GPUs; exported back to verl it still does not."""
     argv = ["import", DATA / "verl" / "run_qwen3-8b.sh", "--from", "verl", "--model", "qwen2.5-32B", "--steps", 1]
     assert run(capsys, *argv, "--out", tmp_path / "o")[0] == 0
-    plan = tmp_path / "o" / "rpeg-plan.yaml"
-    rc, out, _ = run(capsys, "export", plan, "--to", "verl")
-    assert rc == 0 and out.splitlines()[1].startswith("# DOES NOT FIT:"), out[:300]
-    rc, out, _ = run(capsys, "export", plan, "--to", "verl", "--out", tmp_path / "x.sh")
+    peer = tmp_path / "o" / "verl-job.yaml"
+    rc, out, _ = run(capsys, "export", peer, "--to", "verl")
+    lines = out.splitlines()
+    assert rc == 0 and lines[0].startswith("#!") and lines[1].startswith(
+        "# DOES NOT FIT: RPEG predicts this config runs out of memory on 8 x h100-sxm ("), out[:300]
+    rc, out, _ = run(capsys, "export", peer, "--to", "verl", "--out", tmp_path / "x.sh")
     assert rc == 0 and out.startswith(f"DOES NOT FIT: wrote {tmp_path / 'x.sh'} (verl)"), out
+    assert (tmp_path / "x.sh").read_text().splitlines()[1] == lines[1]
     # a config that fits has no such line
-    assert run(capsys, *argv[:4], "--steps", 1, "--out", tmp_path / "f")[0] == 0
-    rc, out, _ = run(capsys, "export", tmp_path / "f" / "verl-job.yaml", "--to", "verl")
+    rc, out, _ = run(capsys, "export", tmp_path / "o" / "rpeg-plan.yaml", "--to", "verl")
     assert rc == 0 and "DOES NOT FIT" not in out and "this config " in out
 
 
 def _table_after(out: str, heading: str, skip: int = 3) -> list[list[str]]:
     """The rows of the table whose first line starts with `heading` (its title, or its header with
     skip = 2), cells split on 2+ spaces."""
-    import re
-
     lines = out.splitlines()
     at = next(i for i, x in enumerate(lines) if x.startswith(heading))
     rows = []

@@ -1,0 +1,100 @@
+"""Offload of a trainer's state to host memory: what each system's flag does, and what it costs.
+
+Two mechanisms hide behind the word "offload", and the systems' flags name either:
+
+(a) State that stays on the host while the stage computes. The optimizer state (fp32 master weights
+    and Adam moments) lives in host memory and the Adam step runs on the host CPU: every optimizer
+    step the reduced gradients go down to the host, the CPU updates, and the new bf16 weights come
+    back. DeepSpeed's `zero_optimization.offload_optimizer: {device: cpu, pin_memory}` (ZeRO-Offload,
+    Ren et al. 2021, arXiv 2101.06840; the step is DeepSpeedCPUAdam, and with ZeRO-2/3 the gradient
+    partition is kept in pinned host buffers too), which OpenRLHF turns on with `--ds.adam_offload`
+    (older `--adam_offload`); Megatron-Core's `--optimizer-cpu-offload` with
+    `--optimizer-offload-fraction f` (HybridDeviceOptimizer: a fraction f of the parameters is updated
+    by a CPU optimizer, its gradients copied out of the device's gradient buffer to pinned host
+    memory and the parameters copied back; `--overlap-cpu-optimizer-d2h-h2d` overlaps those copies
+    with the step - Megatron-Core's optimizer_cpu_offload guide). ZeRO-3's
+    `offload_param: {device: cpu}` and FSDP2's `CPUOffloadPolicy` (verl's
+    `fsdp_config.offload_policy: true`) go further: the sharded parameters and gradients live on the
+    host, each layer's shard is copied to the device before its all-gather in every forward and
+    backward, and the optimizer step runs on the CPU. RPEG: ParallelLayout.offload_optimizer (the
+    fraction) and offload_params.
+
+(b) State moved to the host between phases. With generation colocated with training, the trainer's
+    weights and optimizer state go to host memory while the engine generates and come back before
+    the update; its gradients are freed. verl's `actor.fsdp_config.param_offload` /
+    `optimizer_offload` (fsdp_workers.py: offload_fsdp_model_to_cpu / offload_fsdp_optimizer after
+    each phase, load_fsdp_model_to_gpu / load_fsdp_optimizer before the next) and
+    `actor.megatron.param_offload` / `grad_offload` / `optimizer_offload` (megatron_workers.py:
+    offload_megatron_model_to_cpu frees the gradient buffer, offload_megatron_optimizer), OpenRLHF's
+    `--ds.enable_sleep` (DeepSpeed's offload_states), AReaL's `enable_offload` (torch_memory_saver).
+    The training step itself still holds everything on the device. RPEG's context switch
+    (rpeg/perf/weightsync.py) has charged this move on every colocated plan; ParallelLayout.resident
+    names the parts a plan keeps on the device instead (verl's flags set to false): they are not
+    copied, and they stay in the devices' memory while the engine runs (`resident_parts`), where vLLM
+    must still find its gpu_memory_utilization share free.
+
+Costs. Memory: rpeg/perf/memory.py (`_state_bytes`): what (a) offloads leaves the device's peak;
+what stays is the working set (ZeRO's reduce bucket, which is there without offload too, and
+ZeRO-3's gathered layers); the pinned staging buffers are host memory. Time, per optimizer step of
+(a) (`optimizer_offload_parts`): the gradients down and the weights up over the host link at the
+pinned rate (efficiency.host_link_bytes_per_s), and the CPU Adam step, bound by host DRAM
+(HOST_OPTIMIZER_BYTES_PER_S); charged one after another (the overlaps DeepSpeed and Megatron have
+are not credited: an upper bound). With offload_params, each micro-batch's forward and backward
+fetch the weight shards (`param_fetch_bytes`), overlapped with compute like ZeRO-3's gathers. (b):
+the context switch's two moves, less what stays resident (`switched_state_bytes`).
+"""
+
+from __future__ import annotations
+
+from rpeg.graph.layout import ParallelLayout
+from rpeg.graph.model import ModelSpec
+from rpeg.hardware.device import Device
+from rpeg.perf import memory
+from rpeg.perf.compute import BF16
+from rpeg.perf.efficiency import HOST_OPTIMIZER_BYTES_PER_S, OPTIMIZER_BYTES_PER_PARAM, host_link_bytes_per_s
+
+GRAD_BYTES = 4.0  # fp32 main gradients, as the gradient sync and the memory model count them
+GRADS_DOWN = "gradients to host"
+HOST_STEP = "optimizer step on host"
+WEIGHTS_UP = "updated weights from host"
+FETCH = "weights fetched from host"
+
+
+def optimizer_offload_parts(optimizer_params: float, layout: ParallelLayout,
+                            device: Device) -> tuple[tuple[str, float], ...]:
+    """Seconds per optimizer step of the host-side optimizer, one line each. `optimizer_params`: the
+    parameters whose optimizer state one device owns (ZeRO-sharded as the layout says)."""
+    n = layout.offload_optimizer * optimizer_params
+    if n <= 0:
+        return ()
+    link = host_link_bytes_per_s(device)
+    step = n * OPTIMIZER_BYTES_PER_PARAM.value / HOST_OPTIMIZER_BYTES_PER_S[device.host].value
+    return ((GRADS_DOWN, n * GRAD_BYTES / link), (HOST_STEP, step), (WEIGHTS_UP, n * BF16 / link))
+
+
+def param_fetch_bytes(spec: ModelSpec, layout: ParallelLayout, *, value_head: bool = False) -> float:
+    """Bytes of weight shards one device copies from the host for one pass over its layers
+    (offload_params: ZeRO-3 offload_param, FSDP2's CPUOffloadPolicy); 0 without."""
+    if not layout.offload_params:
+        return 0.0
+    p = memory.device_params(spec, layout, value_head=value_head)
+    dense, expert = memory.data_parallel_groups(spec, layout)
+    return (p.dense / dense + p.expert / expert) * BF16
+
+
+def switched_state_bytes(params: float, layout: ParallelLayout) -> float:
+    """Bytes of trainer state one device moves to the host before a colocated engine generates
+    (and back after): the bf16 weights and the optimizer's fp32 master weights and moments, as
+    sharded as the layout keeps them, less what is already on the host (offload_optimizer,
+    offload_params) and what stays resident. Gradients are freed, not moved."""
+    weights = 0.0 if layout.offload_params or "weights" in layout.resident else \
+        params * BF16 / (layout.dp if layout.zero >= 3 else 1)
+    optimizer = 0.0 if "optimizer" in layout.resident else \
+        params * memory.ADAM_BYTES_PER_PARAM * (1.0 - layout.offload_optimizer) / (layout.dp if layout.zero >= 1 else 1)
+    return weights + optimizer
+
+
+def resident_parts(spec: ModelSpec, layout: ParallelLayout) -> tuple[tuple[str, float], ...]:
+    """(part, bytes) of the trainer's state that stays on each device while a colocated engine runs."""
+    state = memory.trainer_state_bytes(spec, layout)
+    return tuple((f"trainer {part}", state[part]) for part in layout.resident if state[part] > 0)
