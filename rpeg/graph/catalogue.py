@@ -10,7 +10,10 @@
    case-insensitive, with or without the organisation (`Qwen/Qwen2.5-3B-Instruct`, `qwen2.5-3b-instruct`);
 4. the last part of a path that is not on this machine (`/ckpt/Qwen2.5-3B-Instruct`: a peer's
    script names its cluster's paths), matched as 1 and 3;
-5. a naming variant of a catalogue model (`_VARIANTS`: fine-tunes whose names say what they are built on).
+5. a naming variant of a catalogue model (`_VARIANTS`: fine-tunes whose names say what they are built on);
+6. a name that starts with a catalogue id, then a separator (`gpt-oss-20b-bf16`, `DeepSeek-V3-config-verl`,
+   `Qwen3-8B-sft-step200`): the longest such id, with a note saying so (the name is all a peer's script
+   gives; `--model` overrides it).
 
 A catalogue entry whose architecture is an RPEG preset resolves to the preset (a test holds the
 entry's config.json equal to it); any other is read from its config and named by its id.
@@ -150,6 +153,8 @@ def resolve_model(ref: Any, base: str | None = None) -> Resolved:
                 found = _from_catalogue(m.expand(target))
                 if found is not None:
                     break
+    if found is None:
+        found = _by_prefix(os.path.basename(os.path.normpath(os.path.expanduser(ref))) or ref)
     if found is not None:
         return found
     if ref.endswith(".json") or os.path.isdir(os.path.expanduser(ref)):
@@ -159,6 +164,23 @@ def resolve_model(ref: Any, base: str | None = None) -> Resolved:
     hint = f"; similar: {', '.join(close[:6])}" if close else ""
     raise RpegError(f"unknown model {ref!r}: not a preset, a catalogue id, or a config.json / model folder here "
                     f"(`rpeg models --all` lists presets and catalogue){hint}")
+
+
+def _by_prefix(name: str) -> Resolved | None:
+    """The catalogue model whose id (without its organisation) begins `name` and is followed by -, _ or .:
+    the longest such id (`Qwen2.5-7B` does not begin `Qwen2.5-72B-Instruct`: a digit follows)."""
+    low = name.lower()
+    best = ""
+    for key in _index():
+        short = key.rsplit("/", 1)[-1]
+        if len(short) > len(best) and len(low) > len(short) and low.startswith(short) and low[len(short)] in "-_.":
+            best = short
+    if not best:
+        return None
+    found = _from_catalogue(best)
+    spelled = _index()[best][1]
+    note = f"{name!r} is read as {spelled} (the name starts with that id; --model names another)"
+    return Resolved(found.spec, found.kind, (note,), found.source)
 
 
 def _local(ref: str, base: str | None) -> str | None:

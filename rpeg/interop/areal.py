@@ -37,7 +37,7 @@ import yaml
 
 from rpeg.errors import RpegError
 from rpeg.graph import Job, ParallelLayout
-from rpeg.graph.presets import get_model
+from rpeg.graph import get_model
 from rpeg.graph.serde import from_data, parse_yaml
 from rpeg.interop.areal_alloc import Engine, parse_allocation, parse_engine
 from rpeg.interop.common import (
@@ -191,11 +191,11 @@ def read(text: str, source: str, *, model: str | None = None, response_mean: flo
                           "response": response_of(max_new, response_mean, notes), "mini_batches": mini}, source)
     seq = int(prompt_len) + max_new
 
-    actor = model_preset(get("actor.path"), "actor.path", model)
+    actor = model_preset(get("actor.path"), "actor.path", model, notes=notes)
     critic = None
     if has_critic:
         path = get("critic.path", get("actor.path"))
-        critic = actor if path == get("actor.path") else model_preset(path, "critic.path")
+        critic = actor if path == get("actor.path") else model_preset(path, "critic.path", notes=notes)
 
     # layouts
     def shape(sizes: dict[str, int], backend: str) -> ParallelLayout:

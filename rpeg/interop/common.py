@@ -15,7 +15,6 @@ views: equal fields, equal plan.
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -252,11 +251,17 @@ def preset_for(path: str) -> str | None:
         return None
 
 
-def model_preset(path: Any, key: str, override: str | None = None) -> str:
-    """The preset for the model at `key`, or a one-line error naming the key and the way out."""
+def model_preset(path: Any, key: str, override: str | None = None, notes: Notes | None = None) -> str:
+    """The preset for the model at `key`, or a one-line error naming the key and the way out. What was
+    assumed to name it (a name read by the catalogue id it starts with) goes to `notes`."""
     if override:
         return get_model(override).name
     name = preset_for(path) if isinstance(path, str) else None
+    if name is not None and notes is not None:
+        from rpeg.graph.catalogue import resolve_model
+
+        for line in resolve_model(path).notes:
+            notes.assume(f"{key}: {line}")
     if name is None:
         raise RpegError(f"{key} = {path!r}: not a model RPEG knows (a preset or catalogue id: `rpeg models --all`; "
                         "or a folder with a config.json on this machine); name one with --model (a name, a config.json "

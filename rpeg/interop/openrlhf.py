@@ -326,7 +326,7 @@ def _from_args(args: dict[str, Any], source: str, *, model, response_mean, clust
     seq = prompt_len + new
 
     # the models
-    actor = model_preset(a.get("actor.model_name_or_path"), "--actor.model_name_or_path", model)
+    actor = model_preset(a.get("actor.model_name_or_path"), "--actor.model_name_or_path", model, notes=notes)
     remote = a.get("reward.remote_url") or a.get("train.agent_func_path")  # an agent function is the reward
     reward = None
     if not remote and algorithm != "dapo":
@@ -334,7 +334,7 @@ def _from_args(args: dict[str, Any], source: str, *, model, response_mean, clust
         if path is None:
             raise RpegError(f"{source}: neither --reward.remote_url nor --reward.model_name_or_path: OpenRLHF needs "
                             "a reward")
-        reward = model_preset(path, "--reward.model_name_or_path")
+        reward = model_preset(path, "--reward.model_name_or_path", notes=notes)
     elif not remote:
         raise RpegError(f"{source}: dynamic filtering needs --reward.remote_url or --train.agent_func_path (the "
                         "parser's own check)")
@@ -343,7 +343,7 @@ def _from_args(args: dict[str, Any], source: str, *, model, response_mean, clust
         path = a.get("critic.model_name_or_path") or (a.get("reward.model_name_or_path") if not remote
                                                        else a.get("actor.model_name_or_path"))
         critic = model_preset(path, "--critic.model_name_or_path", model if path == args.get(
-            "actor.model_name_or_path") else None)
+            "actor.model_name_or_path") else None, notes=notes)
     uses_ref = options["kl_coef"] > 0
 
     # the devices

@@ -61,7 +61,7 @@ import yaml
 
 from rpeg.errors import RpegError
 from rpeg.graph import Job, ParallelLayout
-from rpeg.graph.presets import get_model
+from rpeg.graph import get_model
 from rpeg.graph.serde import from_data, parse_yaml
 from rpeg.interop.common import (
     Exported, Imported, Notes, PlanView, config_tuple, model_preset, response_of, script_command, stage_names,
@@ -420,17 +420,18 @@ def _from_config(cfg: dict[str, Any], mode: str, megatron: bool, source: str, *,
     seq = prompt_len + max_response
 
     # the models
-    actor = model_preset(c.get("actor_rollout_ref.model.path"), "actor_rollout_ref.model.path", model)
+    actor = model_preset(c.get("actor_rollout_ref.model.path"), "actor_rollout_ref.model.path", model,
+                         notes=notes)
     critic = None
     if has_critic:
         path = c.get("critic.model.path")
         critic = actor if path is None or path == c.get("actor_rollout_ref.model.path") or model \
-            else model_preset(path, "critic.model.path")
+            else model_preset(path, "critic.model.path", notes=notes)
     rm_key = "reward.reward_model." if c.has("reward.reward_model.enable") else "reward_model."
     reward = None
     if c.get(rm_key + "enable") if rm_key == "reward_model." else c.flag(rm_key + "enable"):
         path_key = rm_key + ("model_path" if rm_key.startswith("reward.") else "model.path")
-        reward = model_preset(c.get(path_key), path_key)
+        reward = model_preset(c.get(path_key), path_key, notes=notes)
     uses_ref = options["kl_coef"] > 0
 
     # the devices

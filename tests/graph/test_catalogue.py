@@ -98,3 +98,22 @@ def test_unknown_names_and_folders_without_a_config_are_one_line_errors(tmp_path
     with pytest.raises(RpegError, match="no config.json there"):
         get_model(str(tmp_path / "nope.json"))
     assert resolve_model("qwen3-8B").kind == "preset"
+
+
+@pytest.mark.parametrize("ref, name", [
+    ("~/models/gpt-oss-20b-bf16", "openai/gpt-oss-20b"),
+    ("~/verl/models/DeepSeek-V3-config-verl", "deepseek-v3"),
+    ("/ckpt/Qwen3-8B-sft-step200", "qwen3-8B"),
+    ("/ckpt/Qwen2.5-72B-Instruct-AWQ", "qwen2.5-72B"),  # the longest id that begins the name
+])
+def test_a_name_that_starts_with_a_catalogue_id_reads_as_it_and_says_so(ref, name):
+    r = resolve_model(ref)
+    assert r.spec.name == name
+    assert len(r.notes) == 1 and "the name starts with that id" in r.notes[0]
+
+
+def test_a_prefix_must_end_at_a_separator():
+    """`Qwen2.5-7B` does not begin `Qwen2.5-72B-Foo`; a name that only shares letters is not read."""
+    assert resolve_model("/x/Qwen2.5-72B-Foo").spec.name == "qwen2.5-72B"
+    with pytest.raises(RpegError):
+        resolve_model("/x/Qwen2.5-7Bx")

@@ -10,7 +10,7 @@ import pytest
 
 from rpeg.errors import RpegError
 from rpeg.graph import ParallelLayout as Layout
-from rpeg.graph.presets import get_model
+from rpeg.graph import get_model
 from rpeg.hardware import load_cluster
 from rpeg.interop import openrlhf, verl
 from rpeg.interop.common import job_data
