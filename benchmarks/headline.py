@@ -12,7 +12,9 @@ relative to verl's), and an ablation that searches with one family of optimizati
 - async:      placement and layouts plus bounded asynchrony (k <= 1)
 - sharing:    layouts plus actor-critic sharing, colocated, synchronous
 - fusion:     layouts plus fusion and streaming, colocated, synchronous
-- all:        the whole space (k <= 1)
+- all:        the whole space (k <= 1) except sharing: the same job (the plan reported)
+- all+share:  the whole space, the critic's trunk shared with the actor (a different value model, so
+              not the same job: `rpeg plan --allow-share`; shown for what it would add)
 
 Prints JSON. Everything is the analytic model's prediction (`rpeg/perf`) with the simulator's
 utilization; nothing here ran on GPUs. Takes a few minutes on 2 cores:
@@ -42,7 +44,8 @@ ABLATIONS = {
     "async": (1, SpaceOptions(share=False, fuse=False, stream=False)),
     "sharing": (0, SpaceOptions(share=True, fuse=False, stream=False, placements=("colocated",))),
     "fusion": (0, SpaceOptions(share=False, fuse=True, stream=True, placements=("colocated",))),
-    "all": (1, SpaceOptions()),
+    "all": (1, SpaceOptions(share=False)),
+    "all+share": (1, SpaceOptions()),
 }
 
 

@@ -17,7 +17,7 @@ import sys
 
 MARKS = {"headline": ("<!-- headline:start -->", "<!-- headline:end -->"),
          "headline-summary": ("<!-- headline-summary:start -->", "<!-- headline-summary:end -->")}
-ABLATION = ("layout", "placement", "async", "sharing", "fusion", "all")
+ABLATION = ("layout", "placement", "async", "sharing", "fusion", "all", "all+share")
 
 
 def _pct(x: float) -> str:
@@ -41,7 +41,9 @@ def tables(data: dict) -> str:
                    f"{v['step_s']:.2f} | {q['step_s']:.2f} | {j['speedup_vs_verl']:.2f}x | {j['speedup_vs_real']:.2f}x | "
                    f"{_pct(r['mfu'])} / {_pct(v['mfu'])} ({gain:+.0f}%) | {100 * r['utilization']:.0f}% / "
                    f"{100 * v['utilization']:.0f}% |")
-    out += ["", "Ablation: speedup over verl when the search may use one family of optimizations:", "",
+    out += ["", "Ablation: speedup over verl when the search may use one family of optimizations (`all`: every "
+            "family but sharing, the plan above; `all+share`: with the critic shared, a different value model, so "
+            "not the same job):", "",
             "| algorithm | model | " + " | ".join(ABLATION) + " |", "|---|---|" + "---|" * len(ABLATION)]
     for j in jobs:
         out.append(f"| {j['algorithm']} | {j['model']} | "
@@ -63,12 +65,14 @@ def summary(data: dict) -> str:
     grpo = [j["mfu_gain_vs_verl_percent"] for j in jobs if j["algorithm"] == "grpo"]
     ppo = [j["mfu_gain_vs_verl_percent"] for j in jobs if j["algorithm"] == "ppo"]
     layout = [j["ablation_speedup_vs_verl"]["layout"] for j in jobs]
+    share = [j["ablation_speedup_vs_verl"]["all+share"] for j in jobs if j["algorithm"] == "ppo"]
     x = lambda v: f"{v:.2f}x"  # noqa: E731
     pc = lambda v: f"{v:+.0f}%"  # noqa: E731
     return (f"On these jobs the model finds RPEG's plans {_range(verl, x)} faster than verl's and "
             f"{_range(real, x)} faster than ReaL's; layouts alone give {_range(layout, x)}; by MFU on the "
             f"FLOPs each plan executes, RPEG's GRPO plans reach {_range(grpo, pc)} against verl's and its PPO plans "
-            f"{_range(ppo, pc)} (sharing the critic removes work: a shorter step at a lower MFU). These are "
+            f"{_range(ppo, pc)}. The plans keep every model of the job: sharing the critic's trunk with the actor "
+            f"(`--allow-share`, a different value model) would give PPO {_range(share, x)} over verl. These are "
             f"the performance model's predictions, not GPU runs.")
 
 
