@@ -1,0 +1,353 @@
+"""Writing a verl job: a PlanView projected onto what verl can run (`project`), then written as the Hydra
+overrides of its trainer (`overrides`) and a launch script (`write`).
+
+rpeg/interop/verl.py re-exports these; its docstring says what verl cannot express.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rpeg.errors import RpegError
+from rpeg.graph import ParallelLayout
+from rpeg.interop.common import Exported, PlanView, colocate_all, config_tuple, defaults_of, hf_name, one_pass_each
+from rpeg.interop.verl_keys import CONFIG_NAMES, ENTRIES, ESTIMATORS, ROLLOUT_IS, SUFFIX, SYSTEM, _OFFLOAD_KEYS
+
+
+def _offload_project(stage: str, lay: ParallelLayout, megatron: bool, lines: list[str]) -> ParallelLayout:
+    """What verl's backend can say of a layout's offload (see _offload_of)."""
+    want = lay
+    if megatron and lay.offload_params:
+        want = lay.replace(offload_params=False)
+        lines.append(f"{stage} parameters on the host: verl's Megatron backend keeps them on the GPUs while it trains "
+                     "(param_offload moves them between phases only)")
+    elif not megatron and (lay.offload_optimizer or lay.offload_params):
+        want = lay.replace(offload_optimizer=1.0, offload_params=True, resident=())
+        if want != lay:
+            lines.append(f"{stage} {lay.describe()}: verl's FSDP backend keeps the optimizer on the host only with the "
+                         "parameters (fsdp_config.offload_policy, FSDP2's CPUOffloadPolicy)")
+    elif not megatron and "gradients" in lay.resident:
+        want = lay.replace(resident=tuple(p for p in lay.resident if p != "gradients"))
+        lines.append(f"{stage} gradients resident through generation: verl's FSDP backend frees them after each update")
+    return want
+
+
+def _offload_keys(stage: str, lay: ParallelLayout, megatron: bool) -> list[str]:
+    """verl's offload keys of a trained model's layout (after _offload_project)."""
+    fsdp, meg, opt = _OFFLOAD_KEYS[stage]
+    if megatron:
+        out = [f"{meg}{k}={_fmt(part not in lay.resident)}" for part, k in (
+            ("weights", "param_offload"), ("gradients", "grad_offload"), ("optimizer", "optimizer_offload"))]
+        if lay.offload_optimizer:
+            out += [f"+{opt}optimizer_cpu_offload=True", f"+{opt}optimizer_offload_fraction={lay.offload_optimizer!r}"]
+        return out
+    if lay.offload_params:
+        return [f"{fsdp}offload_policy=True"]  # with strategy fsdp2 (the caller writes it)
+    return [f"{fsdp}param_offload={_fmt('weights' not in lay.resident)}",
+            f"{fsdp}optimizer_offload={_fmt('optimizer' not in lay.resident)}"]
+
+
+# ---- what verl can run --------------------------------------------------------------------------
+
+def project(view: PlanView) -> tuple[PlanView, list[str]]:
+    """The plan as verl can run it, and one line for each thing changed to get there."""
+    v, lines = one_pass_each(view, "verl")
+    # placement: one pool (synchronous), or rollout pool + training pool (asynchronous)
+    gen = [s for s, _ in v.assign if s.startswith("generate")]
+    gen_groups = {dict(v.assign)[s] for s in gen}
+    one_pool = len(v.groups) == 1
+    if v.async_bound and one_pool:
+        lines.append(f"async k={v.async_bound} on one pool: verl's asynchronous trainers need a rollout pool of "
+                     "its own; run synchronously")
+        v = v.replace(async_bound=0, partial=False)
+    if v.async_bound == 0 and not one_pool:
+        lines.append("device groups (" + ", ".join(f"{n} {c}" for n, _, c in v.groups) + "): verl's synchronous "
+                     "trainer runs every role on one pool")
+        v = colocate_all(v)
+    elif v.async_bound:
+        rest = {g for s, g in v.assign if not s.startswith("generate") and s != "reward"}
+        if len(gen_groups) != 1 or len(rest) != 1 or gen_groups & rest:
+            lines.append("device groups other than a rollout pool and a training pool: verl places the roles on "
+                         "those two")
+            v = colocate_all(v)
+            v = v.replace(async_bound=0, partial=False)
+        else:
+            v = _two_pools(v, gen_groups.pop(), rest.pop())
+            if v.async_bound > 1 and not v.partial:
+                lines.append(f"async k={v.async_bound} without partial rollout: verl's one-step-off trainer runs "
+                             "k = 1")
+                v = v.replace(async_bound=1)
+    # layouts: what verl's workers can hold
+    lay = dict(v.layouts)
+    a = lay["actor_update"]
+    megatron = a.tp > 1 or a.pp > 1 or a.zero in (0, 1) or a.ep > 1
+    if megatron:
+        if a.zero not in (0, 1):
+            lines.append(f"actor_update ZeRO-{a.zero} with tp {a.tp} x pp {a.pp}: verl's Megatron backend shards the "
+                         "optimizer (ZeRO-1)")
+            a = a.replace(zero=1)
+    else:
+        if a.tp > 1 or a.pp > 1 or a.ep > 1:
+            a = a.replace(tp=1, pp=1, ep=1)
+        if a.zero != 3:
+            lines.append(f"actor_update ZeRO-{a.zero}: verl's FSDP backend shards everything (ZeRO-3)")
+            a = a.replace(zero=3)
+        if a.recompute == "selective":
+            lines.append("selective recomputation: verl's FSDP backend checkpoints whole layers (full)")
+            a = a.replace(recompute="full")
+        if a.sequence_parallel:
+            a = a.replace(sequence_parallel=False)
+    if not megatron:
+        a = a.replace(pp_interleave=1, pp_uneven=False)
+    elif a.pp_uneven:
+        lines.append("uneven pipeline stages: not set by this export (verl's Megatron layer split options)")
+        a = a.replace(pp_uneven=False)
+    lay["actor_update"] = a = _offload_project("actor_update", a, megatron, lines)
+    shape = dict(dp=a.dp, tp=a.tp, pp=a.pp, cp=a.cp, ep=a.ep, zero=a.zero, sequence_parallel=a.sequence_parallel,
+                 pp_interleave=a.pp_interleave, packing=a.packing)
+    for s in ("actor_logprobs", "ref_logprobs"):
+        if s in lay:
+            want = lay[s].replace(recompute="none", **{**shape, "zero": 0 if megatron else 3})
+            if want != lay[s]:
+                lines.append(f"{s} laid out as {lay[s].describe()}: verl runs it on the actor's workers "
+                             f"({want.describe()})")
+            lay[s] = want
+    if "critic_update" in lay:  # verl's critic runs on the actor's backend (one config file sets both)
+        cu = lay["critic_update"]
+        if megatron:
+            want = cu.replace(zero=cu.zero if cu.zero in (0, 1) else 1, pp_uneven=False)
+        else:
+            want = ParallelLayout(dp=cu.devices // cu.cp, cp=cu.cp, zero=3, packing=cu.packing,
+                                  micro_batch=cu.micro_batch, recompute="full" if cu.recompute != "none" else "none",
+                                  offload_optimizer=cu.offload_optimizer, offload_params=cu.offload_params,
+                                  resident=cu.resident)
+        want = _offload_project("critic_update", want, megatron, lines)
+        if want != cu:
+            lines.append(f"critic_update laid out as {cu.describe()}: verl's {'Megatron' if megatron else 'FSDP'} "
+                         f"critic takes {want.describe()}")
+        lay["critic_update"] = want
+        cv = lay["critic_values"]
+        # Megatron's critic has no forward micro-batch of its own: its ppo_micro_batch_size_per_gpu
+        want_v = want.replace(recompute="none", micro_batch=want.micro_batch if megatron else cv.micro_batch,
+                              zero=0 if megatron else 3, offload_optimizer=0.0, offload_params=False, resident=())
+        if want_v != cv:
+            lines.append(f"critic_values laid out as {cv.describe()}: verl runs it on the critic's workers")
+        lay["critic_values"] = want_v
+    g = lay["generate"]
+    if g.cp > 1 or g.ep > 1 or g.zero or g.sequence_parallel or g.recompute != "none" or g.micro_batch != 1 \
+            or not g.packing or g.pp_interleave > 1:
+        lines.append(f"generate laid out as {g.describe()}: verl's rollout takes tensor and pipeline parallelism")
+    lay["generate"] = ParallelLayout(dp=g.dp, tp=g.tp, pp=g.pp)
+    if "generate_greedy" in lay:
+        lay["generate_greedy"] = lay["generate"]
+    if "reward" in lay:
+        r = lay["reward"]
+        lay["reward"] = ParallelLayout(dp=r.devices // r.tp, tp=r.tp)
+    v = v.replace(layouts=tuple((s, lay[s]) for s, _ in v.layouts))
+    gather = "shard" if megatron else "full"
+    if v.refit_gather != gather:
+        lines.append(f"weight sync gathering {v.refit_gather}: verl's {'Megatron' if megatron else 'FSDP'} backend "
+                     f"gathers {'its shard' if megatron else 'every tensor in full'}")
+        v = v.replace(refit_gather=gather)
+    if v.reference_on_host and megatron:
+        lines.append("reference on the host: this export sets it for the FSDP backend only")
+        v = v.replace(reference_on_host=False)
+    opts = dict(v.config)
+    if opts.get("off_policy") not in (None, "none", "tis", "tis-seq"):
+        lines.append(f"off_policy {opts['off_policy']}: verl's rollout correction is written for tis and tis-seq only")
+        opts.pop("off_policy")
+        opts.pop("is_low", None)
+    if v.algorithm not in ESTIMATORS.values() and v.algorithm != "dapo":
+        raise RpegError(f"verl has no {v.algorithm} estimator to export to (it runs "
+                        f"{', '.join(sorted(set(ESTIMATORS.values()) | {'dapo'}))})")
+    v = v.replace(config=config_tuple(v.algorithm, opts))
+    return v, lines
+
+
+def _two_pools(v: PlanView, gen: str, rest: str) -> PlanView:
+    g = dict((n, (f, c)) for n, f, c in v.groups)
+    gc, tc = g[gen][1], g[rest][1]
+    reward_pool = next(((n, f, c) for n, f, c in v.groups if n not in (gen, rest)), None)
+    groups = (("rollout", 0, gc), ("train", gc, tc)) + ((("reward", gc + tc, reward_pool[2]),) if reward_pool else ())
+    names = {gen: "rollout", rest: "train"}
+    if reward_pool:
+        names[reward_pool[0]] = "reward"
+    return v.replace(groups=groups, assign=tuple((s, names.get(grp, "train")) for s, grp in v.assign),
+                     gpus=gc + tc + (reward_pool[2] if reward_pool else 0))
+
+
+# ---- writing ---------------------------------------------------------------------------------------
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "True" if v else "False"
+    if v is None:
+        return "null"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+def overrides(view: PlanView) -> tuple[str, list[str], str]:
+    """(the entry module, the Hydra overrides, the mode) that run `view` (already projected) in verl."""
+    v = view
+    lay = dict(v.layouts)
+    opts = {**defaults_of(v.algorithm), **dict(v.config)}
+    A, R = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout."
+    a = lay["actor_update"]
+    megatron = v.refit_gather == "shard"
+    groups = {n: (f, c) for n, f, c in v.groups}
+    mode = "sync" if v.async_bound == 0 else "fully-async" if v.partial else "one-step-off"
+    entry = {m: e for e, m in ENTRIES.items()}[mode]
+    out: list[str] = []
+    est = {b: a_ for a_, b in ESTIMATORS.items()}.get("grpo" if v.algorithm == "dapo" else v.algorithm)
+    out.append(f"algorithm.adv_estimator={est}")
+    job = v.job
+    if mode == "fully-async":
+        mb = job.mini_batches
+        if job.prompts % mb:
+            raise RpegError(f"fully-async export: {job.prompts} prompts do not split into {mb} mini-batches")
+        out += ["data.train_batch_size=0", "data.gen_batch_size=1",
+                f"{A}ppo_mini_batch_size={job.prompts // mb}", "async_training.require_batches=1",
+                f"async_training.trigger_parameter_sync_step={mb}",
+                f"async_training.staleness_threshold={float(v.async_bound)!r}",
+                f"async_training.partial_rollout={_fmt(v.partial)}"]
+    else:
+        if job.prompts % job.mini_batches:
+            raise RpegError(f"export: {job.prompts} prompts do not split into {job.mini_batches} mini-batches")
+        out += [f"data.train_batch_size={job.prompts}", f"{A}ppo_mini_batch_size={job.prompts // job.mini_batches}"]
+        if v.algorithm == "dapo":
+            out.append("algorithm.filter_groups.enable=True")
+            if opts.get("oversample", 1.0) != 1.0:
+                gen = job.prompts * opts["oversample"]
+                if abs(gen - round(gen)) > 1e-9:
+                    raise RpegError(f"dapo oversample {opts['oversample']} x {job.prompts} prompts is not a whole "
+                                    "generation batch")
+                out.append(f"data.gen_batch_size={round(gen)}")
+    out += [f"data.max_prompt_length={job.prompt_len}", f"data.max_response_length={job.response.max}",
+            f"{R}n={job.samples_per_prompt}", f"{A}ppo_epochs={job.ppo_epochs}",
+            f"actor_rollout_ref.model.path={hf_name(v.actor)}"]
+    kl = opts.get("kl_coef", 0.0)
+    if kl > 0:
+        if opts.get("kl_in", "reward") == "loss":
+            out += [f"{A}use_kl_loss=True", f"{A}kl_loss_coef={kl!r}",
+                    f"{A}kl_loss_type={'low_var_kl' if opts.get('kl_estimator') == 'k3' else 'kl'}",
+                    "algorithm.use_kl_in_reward=False"]
+        else:
+            out += [f"{A}use_kl_loss=False", "algorithm.use_kl_in_reward=True", f"algorithm.kl_ctrl.kl_coef={kl!r}",
+                    f"algorithm.kl_penalty={'low_var_kl' if opts.get('kl_estimator') == 'k3' else 'kl'}"]
+    else:
+        out += [f"{A}use_kl_loss=False", "algorithm.use_kl_in_reward=False"]
+    out += [f"{A}clip_ratio_low={opts['clip_low']!r}", f"{A}clip_ratio_high={opts['clip_high']!r}",
+            f"{A}clip_ratio_c={opts['dual_clip']!r}", f"{A}loss_agg_mode={opts['loss_agg']}",
+            f"{A}entropy_coeff={opts['entropy_coef']!r}",
+            f"{A}policy_loss.loss_mode={'vanilla' if opts['policy_loss'] == 'ppo' else 'gspo'}",
+            f"algorithm.gamma={opts['gamma']!r}", f"algorithm.lam={opts['lam']!r}"]
+    if v.algorithm in ("grpo", "dapo"):
+        out.append(f"algorithm.norm_adv_by_std_in_grpo={_fmt(opts['norm_adv_by_std'])}")
+    if opts.get("off_policy") in ROLLOUT_IS.values():
+        out += [f"algorithm.rollout_correction.rollout_is={'token' if opts['off_policy'] == 'tis' else 'sequence'}",
+                f"algorithm.rollout_correction.rollout_is_threshold={opts['is_cap']!r}"]
+    # devices
+    train = groups["all"] if mode == "sync" else groups["train"]
+    node = _node_size(train[1])
+    out += [f"trainer.nnodes={train[1] // node}", f"trainer.n_gpus_per_node={node}"]
+    if mode != "sync":
+        rc = groups["rollout"][1]
+        rnode = _node_size(rc)
+        out += [f"rollout.nnodes={rc // rnode}", f"rollout.n_gpus_per_node={rnode}",
+                "actor_rollout_ref.hybrid_engine=False"]
+    # layouts
+    seq = job.prompt_len + job.response.max
+    out.append(f"actor_rollout_ref.model.use_remove_padding={_fmt(a.packing)}")
+    out.append(f"{A}use_dynamic_bsz=False")
+    if megatron:
+        M = A + "megatron."
+        out += [f"{A}strategy=megatron", f"{M}tensor_model_parallel_size={a.tp}",
+                f"{M}pipeline_model_parallel_size={a.pp}", f"{M}context_parallel_size={a.cp}",
+                f"{M}expert_model_parallel_size={a.ep}", f"{M}sequence_parallel={_fmt(a.sequence_parallel)}",
+                f"{M}use_distributed_optimizer={_fmt(a.zero == 1)}"]
+        if a.pp_interleave > 1:
+            out.append(f"{M}virtual_pipeline_model_parallel_size={a.pp_interleave}")
+        out += _megatron_recompute(M, a.recompute)
+        out += _offload_keys("actor_update", a, megatron)
+        out += [f"actor_rollout_ref.ref.megatron.tensor_model_parallel_size={a.tp}",
+                f"actor_rollout_ref.ref.megatron.pipeline_model_parallel_size={a.pp}"]
+    else:
+        out += [f"{A}strategy={'fsdp2' if a.offload_params else 'fsdp'}", f"{A}ulysses_sequence_parallel_size={a.cp}",
+                f"actor_rollout_ref.model.enable_gradient_checkpointing={_fmt(a.recompute == 'full')}"]
+        out += _offload_keys("actor_update", a, megatron)
+        if "ref_logprobs" in lay:
+            out.append(f"actor_rollout_ref.ref.fsdp_config.param_offload={_fmt(v.reference_on_host)}")
+    out.append(f"{A}ppo_micro_batch_size_per_gpu={a.micro_batch}")
+    out.append(f"{R}log_prob_micro_batch_size_per_gpu={lay['actor_logprobs'].micro_batch}")
+    if "ref_logprobs" in lay:
+        out.append(f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={lay['ref_logprobs'].micro_batch}")
+    g = lay["generate"]
+    out += [f"{R}name=vllm", f"{R}tensor_model_parallel_size={g.tp}", f"{R}pipeline_model_parallel_size={g.pp}"]
+    if "critic_update" in lay:
+        cu, cv = lay["critic_update"], lay["critic_values"]
+        out += ["critic.enable=True", f"critic.model.path={hf_name(v.critic or v.actor)}",
+                f"critic.model.use_remove_padding={_fmt(cu.packing)}"]
+        if megatron:
+            M = "critic.megatron."
+            out += ["critic.strategy=megatron", f"{M}tensor_model_parallel_size={cu.tp}",
+                    f"{M}pipeline_model_parallel_size={cu.pp}", f"{M}context_parallel_size={cu.cp}",
+                    f"{M}expert_model_parallel_size={cu.ep}", f"{M}sequence_parallel={_fmt(cu.sequence_parallel)}",
+                    f"{M}use_distributed_optimizer={_fmt(cu.zero == 1)}"]
+            if cu.pp_interleave > 1:
+                out.append(f"{M}virtual_pipeline_model_parallel_size={cu.pp_interleave}")
+            out += _megatron_recompute(M, cu.recompute)
+        else:
+            out += [f"critic.strategy={'fsdp2' if cu.offload_params else 'fsdp'}",
+                    f"critic.ulysses_sequence_parallel_size={cu.cp}",
+                    f"critic.model.enable_gradient_checkpointing={_fmt(cu.recompute == 'full')}"]
+        out += _offload_keys("critic_update", cu, megatron)
+        out.append(f"critic.ppo_micro_batch_size_per_gpu={cu.micro_batch}")
+        if not megatron:
+            out.append(f"critic.forward_micro_batch_size_per_gpu={cv.micro_batch}")
+        out.append(f"critic.cliprange_value={opts['value_clip']!r}")
+    if "reward" in lay:
+        r = lay["reward"]
+        out += ["reward.reward_model.enable=True", f"reward.reward_model.model_path={hf_name(v.reward)}",
+                f"reward.reward_model.rollout.tensor_model_parallel_size={r.tp}",
+                "reward.reward_model.rollout.name=vllm"]
+        if "reward" in groups:
+            rc = groups["reward"][1]
+            rnode = _node_size(rc)
+            out += ["reward.reward_model.enable_resource_pool=True", f"reward.reward_model.nnodes={rc // rnode}",
+                    f"reward.reward_model.n_gpus_per_node={rnode}"]
+    del seq
+    return entry, out, mode
+
+
+def _megatron_recompute(prefix: str, recompute: str) -> list[str]:
+    if recompute == "none":
+        return []
+    out = [f"{prefix}override_transformer_config.recompute_granularity={recompute}"]
+    if recompute == "full":  # every layer, one at a time (Megatron's uniform method)
+        out += [f"{prefix}override_transformer_config.recompute_method=uniform",
+                f"{prefix}override_transformer_config.recompute_num_layers=1"]
+    return out
+
+
+def _node_size(n: int) -> int:
+    """GPUs per node for a pool of n: 8 when n is a multiple of 8 (verl's default node), else n on one node."""
+    return 8 if n % 8 == 0 else n
+
+
+def write(view: PlanView) -> Exported:
+    """`view` as a verl launch script (see `project` for what is left out)."""
+    v, lines = project(view)
+    entry, args, mode = overrides(v)
+    head = ["#!/usr/bin/env bash", "# written by rpeg export for verl 0.9.1 "
+            f"({'synchronous, hybrid engine' if mode == 'sync' else mode} trainer)"]
+    if lines:
+        head.append("# verl cannot express, so this config leaves out:")
+        head += [f"#   - {line}" for line in lines]
+    head.append("# data, reward function, optimizer and logging: add your own overrides below")
+    if v.refit_gather == "shard":  # the Megatron backend's defaults: the entry's megatron config
+        args = [f"--config-name={CONFIG_NAMES[mode][1]}"] + args
+    body = [f"python3 -m {entry} \\"] + [f"    {a} \\" for a in args[:-1]] + [f"    {args[-1]} \"$@\""]
+    return Exported(system=SYSTEM, text="\n".join(head + ["set -euo pipefail", ""] + body) + "\n", view=v,
+                    left_out=tuple(lines), filename=f"verl-{mode}{SUFFIX}")
