@@ -157,6 +157,8 @@ def resolve_model(ref: Any, base: str | None = None) -> Resolved:
         found = _by_prefix(os.path.basename(os.path.normpath(os.path.expanduser(ref))) or ref)
     if found is not None:
         return found
+    if ref.endswith(".json") and not os.path.exists(os.path.expanduser(ref)):
+        raise RpegError(f"model {ref!r}: no such file")
     if ref.endswith(".json") or os.path.isdir(os.path.expanduser(ref)):
         raise RpegError(f"model {ref!r}: no config.json there (a model folder holds one; or name the .json file)")
     close = sorted({e.id for k, (e, _) in _index().items() if ref.lower().split("/")[-1].split("-")[0] in k})

@@ -95,7 +95,7 @@ def test_unknown_names_and_folders_without_a_config_are_one_line_errors(tmp_path
         get_model("no-such-model-9B")
     with pytest.raises(RpegError, match="no config.json there"):
         get_model(str(tmp_path))
-    with pytest.raises(RpegError, match="no config.json there"):
+    with pytest.raises(RpegError, match="nope.json': no such file"):
         get_model(str(tmp_path / "nope.json"))
     assert resolve_model("qwen3-8B").kind == "preset"
 
