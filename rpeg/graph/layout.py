@@ -16,6 +16,9 @@ from rpeg.graph.bounds import MAX_GPUS
 Recompute = Literal["none", "selective", "full"]
 # the parts of a trainer's state on each device (rpeg.perf.memory.MemoryBreakdown's names)
 STATE_PARTS = ("weights", "gradients", "optimizer")
+# the host copies a trainer makes, by part and direction (out: device to host, in: host to device);
+# ParallelLayout.pageable names those made through pageable host memory (rpeg/perf/offload.py)
+HOST_COPIES = ("weights-out", "weights-in", "gradients-out", "optimizer-out", "optimizer-in")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -71,7 +74,12 @@ class ParallelLayout:
     zero = 3 and offload_optimizer = 1. resident: the parts of the state ("weights", "gradients",
     "optimizer") that stay on the devices while a colocated generation engine runs; the others are
     moved to the host and back around it (gradients: freed) - verl's param_offload /
-    optimizer_offload / grad_offload false keep a part resident.
+    optimizer_offload / grad_offload false keep a part resident. pageable: the host copies (of
+    HOST_COPIES, a part alone naming both its directions) that go through pageable host memory,
+    at the pageable rates (efficiency.PAGEABLE_*); the others are pinned. verl's FSDP2 moves its
+    weights with module.cpu() / module.to(device): ["weights"]; its Megatron backend copies them out
+    with .cpu().pin_memory(): ["weights-out"]; DeepSpeed with pin_memory false and Megatron-Core's
+    --no-pin-cpu-grads / --no-pin-cpu-params: ["gradients-out", "weights-in"] (rpeg/perf/offload.py).
     """
 
     dp: int = 1
@@ -89,6 +97,7 @@ class ParallelLayout:
     offload_optimizer: float = 0.0
     offload_params: bool = False
     resident: tuple[str, ...] = ()
+    pageable: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         bad = [f"{f} = {getattr(self, f)}" for f in ("dp", "tp", "pp", "cp", "ep", "pp_interleave", "micro_batch")
@@ -117,6 +126,16 @@ class ParallelLayout:
             raise RpegError(f"parallel layout: resident = {self.resident!r} must list some of "
                             f"{', '.join(STATE_PARTS)}")
         object.__setattr__(self, "resident", tuple(p for p in STATE_PARTS if p in self.resident))
+        if isinstance(self.pageable, str) or not all(isinstance(c, str) for c in self.pageable):
+            raise RpegError(f"parallel layout: pageable = {self.pageable!r} must be a list of host copies "
+                            f"({', '.join(HOST_COPIES)}; a part alone names both its directions)")
+        wanted = {c for x in self.pageable for c in HOST_COPIES if c == x or c.startswith(x + "-")}
+        unknown = [x for x in self.pageable if not any(c == x or c.startswith(x + "-") for c in HOST_COPIES)]
+        if unknown:
+            raise RpegError(f"parallel layout: pageable = {list(self.pageable)!r}: {', '.join(map(repr, unknown))} is "
+                            f"not a host copy; the copies are {', '.join(HOST_COPIES)} (a part alone names both "
+                            "its directions)")
+        object.__setattr__(self, "pageable", tuple(c for c in HOST_COPIES if c in wanted))
 
     def replace(self, **changes) -> ParallelLayout:
         return dataclasses.replace(self, **changes)
@@ -154,4 +173,6 @@ class ParallelLayout:
             parts.append("params-on-host")
         if self.resident:
             parts.append("resident=" + "+".join(self.resident))
+        if self.pageable:
+            parts.append("pageable=" + "+".join(self.pageable))
         return " ".join(parts) or "single device"

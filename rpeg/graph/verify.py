@@ -362,9 +362,9 @@ def layout_problems(g: Graph, stage: Stage) -> list[str]:
                        "have (a forward pass may shard its weights with zero = 3, as FSDP does)")
         if lay.recompute != "none":
             out.append(f"recompute = {lay.recompute} applies to training only, not to a {stage.kind} stage")
-        if lay.offload_optimizer or lay.offload_params or lay.resident:
-            out.append(f"offload_optimizer, offload_params and resident are a trainer's state, which a {stage.kind} "
-                       "stage does not have")
+        if lay.offload_optimizer or lay.offload_params or lay.resident or lay.pageable:
+            out.append(f"offload_optimizer, offload_params, resident and pageable are a trainer's state, which a "
+                       f"{stage.kind} stage does not have")
     if stage.kind is Kind.GENERATE and lay.cp > 1:
         out.append(f"cp = {lay.cp}: generation decodes one token at a time and is not context-parallel here")
     if lay.dp > 1 and g.stage_sequences(stage) < lay.dp:

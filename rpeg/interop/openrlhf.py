@@ -35,7 +35,11 @@ The mapping (sources: train_ppo_ray.py's parser and the checks after it; trainer
   `--ds.packing_samples` as packing (`--train.dynamic_batch_enable`: `--train.max_tokens_per_gpu`
   over the longest sequence, packed); `--ref.offload` keeps the reference on the host;
   `--ds.adam_offload` (older `--adam_offload`) keeps the actor's and the critic's optimizer on the
-  host with its Adam step (offload_optimizer = 1, rpeg/perf/offload.py). Async:
+  host with its Adam step (offload_optimizer = 1, rpeg/perf/offload.py). With the engines on the
+  trainers' GPUs, `--ds.enable_sleep` moves the trainers' optimizer state to pinned host memory around
+  generation and keeps their bf16 weights on the GPUs (resident = weights); without it everything stays
+  (resident = weights + optimizer, + gradients under ZeRO-3); `--vllm.enable_sleep` is the context
+  switch's engine sleep and wake (vLLM level 1, a pinned backup). Async:
   `--train.async_enable` with a queue of `--train.async_queue_size` batches (k), and
   `--train.partial_rollout_enable`. The weight sync broadcasts every tensor gathered in full.
 
@@ -114,8 +118,11 @@ _NOT_PLAN = (
     ("rollout.temperature", "sampling settings are not part of the plan (the response lengths stand for them)"),
     ("rollout.top_", "sampling settings are not part of the plan (the response lengths stand for them)"),
     ("vllm.gpu_memory_utilization", "the engine's memory share: RPEG sizes the KV cache from the layout"),
-    ("vllm.enable_sleep", "the engines' sleep mode: RPEG's context switch models it on colocated plans"),
-    ("ds.enable_sleep", "DeepSpeed's sleep mode: RPEG's context switch models it on colocated plans"),
+    ("vllm.enable_sleep", "the engines' sleep mode (vLLM's level 1: weights backed up in pinned host memory, KV "
+                          "cache dropped) is RPEG's context switch on colocated plans; the engines have GPUs of their "
+                          "own here"),
+    ("ds.enable_sleep", "DeepSpeed's sleep mode (offload_states) moves the trainers' state only when they share GPUs "
+                        "with the engines (--train.colocate_all, synchronous), which they do not here"),
     ("ds.param_dtype", "RPEG costs bf16 weights"), ("ds.attn_implementation", "the attention kernel is not modelled"),
     ("train.num_episodes", "episodes over the data are not part of a step"),
     ("vllm.sync_backend", "the weight sync's transport: RPEG costs it on the cluster's links"),
@@ -368,6 +375,10 @@ def _from_args(args: dict[str, Any], source: str, *, model, response_mean, clust
     if colocate_all:
         for key in ("vllm.enable_sleep", "ds.enable_sleep"):  # what colocating them asks for
             a.get(key)
+        if not async_on and not a.get("vllm.enable_sleep"):
+            notes.assume("the engines share the trainers' GPUs without --vllm.enable_sleep: OpenRLHF keeps their "
+                         "weights and KV cache on the GPUs while the models train; RPEG costs them asleep (the "
+                         "context switch's engine sleep and wake) and leaves their memory out of training's peak")
         if not async_on:
             if engines * gen_tp != size["actor"]:
                 raise RpegError(f"{source}: --train.colocate_all with {engines} engines x tp {gen_tp} on the actor's "
@@ -443,9 +454,10 @@ def _from_args(args: dict[str, Any], source: str, *, model, response_mean, clust
     if reward:
         layouts["reward"] = shape("reward").replace(zero=fz, micro_batch=fwd_mb)
     host = _adam_offload(a)
+    resident = _resident(a, zero) if colocate_all and not async_on else ()
     for s in ("actor_update", "critic_update"):
         if s in layouts:
-            layouts[s] = layouts[s].replace(offload_optimizer=host)
+            layouts[s] = layouts[s].replace(offload_optimizer=host, resident=resident)
     names = stage_names(algorithm, critic=bool(critic), reference=uses_ref, reward_model=bool(reward), share=False)
     role_of = {"generate": "vllm", "generate_greedy": "vllm", "reward": "reward", "ref_logprobs": "ref",
                "critic_values": "critic", "critic_update": "critic"}
@@ -479,6 +491,20 @@ def _adam_offload(a: _Args) -> float:
     pin_memory: true} for the actor and the critic, the optimizer state and its Adam step on the host
     (DeepSpeedCPUAdam; mechanism (a) of rpeg/perf/offload.py): ParallelLayout.offload_optimizer = 1."""
     return 1.0 if a.get("ds.adam_offload") or a.get("adam_offload") else 0.0
+
+
+def _resident(a: _Args, zero: int) -> tuple[str, ...]:
+    """What a trainer keeps on the GPUs it shares with the engines (ParallelLayout.resident).
+    --ds.enable_sleep: DeepSpeed's offload_states (utils/deepspeed/deepspeed_utils.py) moves the fp32
+    master weights, the Adam moments and the bf16 gradient partition into pinned host buffers and frees
+    the gradient bucket, but leaves the bf16 weights (lp_params is not in its list) on the GPUs:
+    ["weights"] (the gradient partition's move, 2 bytes a parameter over dp under ZeRO-3, is not
+    charged: RPEG frees gradients). With --ds.adam_offload the optimizer is on the host already and
+    offload_states returns at once. Without --ds.enable_sleep nothing moves: the weights and the
+    optimizer stay, and under ZeRO-3 the gradient partition buffer too."""
+    if a.get("ds.enable_sleep"):
+        return ("weights",)
+    return ("weights", "gradients", "optimizer") if zero == 3 else ("weights", "optimizer")
 
 
 # ---- what OpenRLHF can run ------------------------------------------------------------------------
@@ -531,9 +557,12 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
     if a.offload_optimizer not in (0.0, 1.0) or a.offload_params:
         lines.append(f"actor_update {a.describe()}: OpenRLHF's --ds.adam_offload keeps all of the optimizer on the "
                      "host, and the parameters on the GPUs")
-    if a.resident:
-        lines.append(f"actor_update keeps its {'+'.join(a.resident)} resident through generation: OpenRLHF's "
-                     "colocated engines need the trainer asleep (--ds.enable_sleep moves its state to the host)")
+    resident = _sleep_resident(a, len(v.groups) == 1)
+    if resident != a.resident:
+        lines.append(f"actor_update keeping {'+'.join(a.resident) or 'nothing'} resident through generation: "
+                     + ("OpenRLHF's trainers keep their bf16 weights on the GPUs even asleep (--ds.enable_sleep), "
+                        "and everything without it" if len(v.groups) == 1 else
+                        "OpenRLHF's trainers do not share GPUs with the engines here, so nothing moves"))
     rec = "full" if a.recompute != "none" else "none"
     fz = 3 if zero == 3 else 0
     groups = {n: c for n, _, c in v.groups}
@@ -549,7 +578,8 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
             if n % (tp * cp):
                 raise RpegError(f"OpenRLHF export: tp x ring = {tp} x {cp} does not divide {s}'s {n} GPUs")
             want = base.replace(zero=zero if train else fz, recompute=rec if train else "none",
-                                micro_batch=a.micro_batch if train else fwd, offload_optimizer=host if train else 0.0)
+                                micro_batch=a.micro_batch if train else fwd, offload_optimizer=host if train else 0.0,
+                                resident=resident if train else ())
         if want != lay[s] and s != "actor_update":
             if s not in ("generate", "generate_greedy") or lay[s].devices != want.devices or lay[s].pp > 1:
                 lines.append(f"{s} laid out as {lay[s].describe()}: OpenRLHF runs it as {want.describe()} (one "
@@ -577,6 +607,16 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
         opts["kl_estimator"] = "k1"
     v = v.replace(config=config_tuple(v.algorithm, opts))
     return _canonical(v), lines
+
+
+def _sleep_resident(a: ParallelLayout, colocated: bool) -> tuple[str, ...]:
+    """What OpenRLHF keeps resident for a trainer laid out as `a` (see _resident): with the engines on its
+    GPUs, asleep (--ds.enable_sleep) unless the plan keeps the optimizer resident too."""
+    if not colocated:
+        return ()
+    if "optimizer" not in a.resident:
+        return ("weights",)
+    return ("weights", "gradients", "optimizer") if a.zero == 3 else ("weights", "optimizer")
 
 
 def _role_groups(v: PlanView) -> dict[str, str]:
@@ -703,7 +743,8 @@ def arguments(view: PlanView) -> list[str]:
         flag("train.colocate_all")
         if one:
             flag("vllm.enable_sleep")
-            flag("ds.enable_sleep")
+            if "optimizer" not in lay["actor_update"].resident:  # asleep: the bf16 weights alone stay
+                flag("ds.enable_sleep")
     for role in ("actor", "ref", "critic", "reward"):
         if role in role_group:
             nodes(role)

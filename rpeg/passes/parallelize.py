@@ -3,8 +3,8 @@
 Checked in the manner of torchtitan's ParallelDims, with every factor in the message: the
 product dp*tp*pp*cp equals the devices of the stage's group; tp divides the attention heads
 (and divides or is a multiple of the kv heads); pp divides the layers; ep divides the experts
-and dp*cp*tp; ZeRO, recomputation and offload (offload_optimizer, offload_params, resident: see
-ParallelLayout) apply to training only.
+and dp*cp*tp; ZeRO, recomputation and offload (offload_optimizer, offload_params, resident, pageable:
+see ParallelLayout) apply to training only.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                 zero: int = 0, recompute: str = "none", sequence_parallel: bool = False,
                 pp_interleave: int = 1, pp_uneven: bool = False, micro_batch: int = 1,
                 packing: bool = True, offload_optimizer: float | bool = 0.0, offload_params: bool = False,
-                resident: list[str] | tuple[str, ...] = ()) -> Graph:
+                resident: list[str] | tuple[str, ...] = (),
+                pageable: list[str] | tuple[str, ...] = ()) -> Graph:
     call = call_text("parallelize", stage=stage, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero,
                      recompute=recompute)
     if stage not in graph.stage_names:
@@ -34,15 +35,17 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
         wrong.append(f"offload_params = {offload_params!r}")
     if not isinstance(offload_optimizer, (bool, int, float)):
         wrong.append(f"offload_optimizer = {offload_optimizer!r}")
-    if not isinstance(resident, (list, tuple)) or not all(isinstance(p, str) for p in resident):
-        wrong.append(f"resident = {resident!r}")
+    for name, value in (("resident", resident), ("pageable", pageable)):
+        if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value):
+            wrong.append(f"{name} = {value!r}")
     if wrong:
-        raise refuse(call, "expected whole numbers, true/false, a recompute name, an offload fraction and a list of "
-                           "state parts: " + ", ".join(wrong))
+        raise refuse(call, "expected whole numbers, true/false, a recompute name, an offload fraction and lists of "
+                           "state parts or host copies: " + ", ".join(wrong))
     try:
         layout = ParallelLayout(**degrees, recompute=recompute, sequence_parallel=sequence_parallel,
                                 pp_uneven=pp_uneven, packing=packing, offload_optimizer=offload_optimizer,
-                                offload_params=offload_params, resident=tuple(resident))
+                                offload_params=offload_params, resident=tuple(resident),
+                                pageable=tuple(pageable))
     except RpegError as e:
         raise refuse(call, str(e)) from None
     new = graph.stage(stage).replace(layout=layout)

@@ -108,14 +108,28 @@ HOST_LINK_C2C_BYTES_PER_S = Factor(
     170e9, "a Grace-hosted GPU (GH200, GB200) copies to and from host memory over NVLink-C2C (450 GB/s per "
            "direction): nvbandwidth's copy-engine device-to-host rate is 170 GB/s per GPU on 4x GH200 and 193 on "
            "4x GB300, host-to-device 411 and 211 (Megatron-LM issue #6491, 2026); the slower direction is taken")
-# Both rates are pinned (page-locked) copies, which every offload path costed here uses: DeepSpeed's
-# offload_optimizer with pin_memory (OpenRLHF sets it), Megatron's HybridDeviceOptimizer (pin_cpu_grads,
-# pin_cpu_params), FSDP2's CPUOffloadPolicy(pin_memory=True), DeepSpeed's offload_states and vLLM's sleep
-# mode. A copy to or from pageable memory is staged through a bounce buffer at a tenth of the rate:
-# 1.4 against 12.6 GB/s device-to-host on an A100 (PyTorch PR #138018), 2.4 against 24.4 GiB/s on a PCIe
-# Gen4 L20 (torch_memory_saver issue #111), ~2.8 GB/s on an H200's Gen5 link (sglang PR #32032, a
-# module.to("cpu")). RPEG costs every host copy at the pinned rate; a path that copies to pageable memory
-# (module.to("cpu") without non_blocking, .cpu().pin_memory()) runs slower than predicted.
+# Both rates above are pinned (page-locked) copies. A copy to or from pageable memory is staged by the
+# driver through a pinned bounce buffer and a CPU memcpy, chunk by chunk: on x86 hosts it runs at the
+# rates below whatever the link. Which copies of which system are pageable: rpeg/perf/offload.py
+# (ParallelLayout.pageable names them in a plan).
+PAGEABLE_D2H_BYTES_PER_S = {  # device -> pageable host memory
+    "x86": Factor(2.5e9, "a device-to-host copy into pageable memory goes through the driver's bounce buffer and a "
+                         "CPU memcpy: ~2.8 GB/s for module.to('cpu') on an H200's PCIe Gen5 x16 (sglang PR #32032), "
+                         "2.3 GB/s on an H20 (63 GB in 27.2 s, vllm-omni PR #5922), 1.4 against 12.6 GB/s pinned on an "
+                         "A100 (PyTorch PR #138018)"),
+    "grace": Factor(160e9, "a Grace-hosted GPU reaches pageable memory through the CPU's page tables over NVLink-C2C "
+                           "(ATS), with no bounce buffer: cuMemcpyHtoD of 1 GiB from pageable memory ran at 93.0 GiB/s "
+                           "against 97.4 from pinned on a GH200 (vortex-data/vortex PR #7815, 2026), ~0.95 of the "
+                           "pinned rate; taken for both directions (no device-to-host figure was found)"),
+}
+PAGEABLE_H2D_BYTES_PER_S = {  # pageable host memory -> device
+    "x86": Factor(5e9, "host-to-device from pageable memory overlaps the CPU's staging copy with the DMA and runs "
+                       "faster than the other way, still a fifth of pinned: 8.4 GB/s on an H20 (63 GB in 7.5 s, "
+                       "vllm-omni PR #5922); pinned buffers made ZeRO-Offload's host-to-device copy 6x faster on one "
+                       "GPU and 4-5x on an 8-GPU node (DeepSpeed PR #5301): ~5 GB/s per GPU when all copy at once"),
+    "grace": Factor(160e9, "as PAGEABLE_D2H_BYTES_PER_S[grace]: 93.0 against 97.4 GiB/s pinned on a GH200 "
+                           "(vortex-data/vortex PR #7815)"),
+}
 HOST_OPTIMIZER_BYTES_PER_S = {  # host DRAM bandwidth one GPU's CPU Adam step gets (rpeg/perf/offload.py)
     "x86": Factor(50e9, "a CPU Adam step (DeepSpeedCPUAdam, Megatron's HybridDeviceOptimizer) is bound by host "
                         "DRAM: it streams the fp32 gradient, master weight and two moments "
@@ -147,6 +161,15 @@ def host_time(device) -> float:
 def host_link_bytes_per_s(device) -> float:
     """Pinned device <-> host copy bandwidth of one of `device`'s GPUs (PCIe on x86 hosts, NVLink-C2C on Grace)."""
     return (HOST_LINK_C2C_BYTES_PER_S if device.host == "grace" else HOST_LINK_BYTES_PER_S).value
+
+
+def host_copy_bytes_per_s(device, copy: str, pageable: tuple[str, ...] = ()) -> float:
+    """The rate of one host copy of `device`'s GPUs: `copy` is one of graph.layout.HOST_COPIES
+    (`weights-out`: device to host, ...), pinned unless `pageable` (a layout's) lists it. None: an x86 host."""
+    if copy not in pageable:
+        return host_link_bytes_per_s(device) if device is not None else HOST_LINK_BYTES_PER_S.value
+    rates = PAGEABLE_D2H_BYTES_PER_S if copy.endswith("-out") else PAGEABLE_H2D_BYTES_PER_S
+    return rates["x86" if device is None else device.host].value
 
 
 def link_efficiency(link: str) -> float:

@@ -33,15 +33,53 @@ Two mechanisms hide behind the word "offload", and the systems' flags name eithe
     copied, and they stay in the devices' memory while the engine runs (`resident_parts`), where vLLM
     must still find its gpu_memory_utilization share free.
 
+Pinned or pageable (what each system's copies really are, from its source; the rates are
+efficiency.HOST_LINK_* pinned and PAGEABLE_* pageable; ParallelLayout.pageable names the pageable
+copies of a plan). PyTorch's `t.to("cpu", non_blocking=True)` from a GPU allocates its destination in
+pinned memory (`_to_copy`'s pin_out, aten/src/ATen/native/TensorConversions.cpp) and PyTorch's caching
+host allocator keeps those blocks for the next offload; a plain `t.cpu()`, `module.cpu()` or
+`module.to(device)` copies through pageable memory.
+(a) DeepSpeed ZeRO-Offload: pinned with `pin_memory: true` (OpenRLHF always writes it,
+    utils/deepspeed/deepspeed_utils.py; DeepSpeed's default since PR #8207, 2026, false before, when its
+    gradient and weight copies were pageable). Megatron-Core's HybridDeviceOptimizer: pinned gradient and
+    parameter copies by default (`pin_cpu_grads`, `pin_cpu_params`; `--no-pin-cpu-grads` /
+    `--no-pin-cpu-params` make them pageable). FSDP2's CPUOffloadPolicy: verl builds it with
+    pin_memory=True. RPEG: pinned unless `pageable` lists gradients-out / weights-in.
+(b) verl FSDP (strategy fsdp, FSDP1): the flat parameters and the optimizer state go out with
+    `.to("cpu", non_blocking=True)` and back the same way (utils/fsdp_utils.py): pinned. verl FSDP2
+    (strategy fsdp2): the optimizer as FSDP1, but the weights go out with `module.cpu()` and back with
+    `module.to(device)` (offload_fsdp2_model_to_cpu / load_fsdp2_model_to_gpu): pageable both ways,
+    pageable = ["weights"]. verl Megatron (utils/megatron_utils.py, offload_megatron_model_to_cpu): the
+    parameter buffer goes out with `.cpu().pin_memory()` every time, a pageable copy then a host copy
+    into pinned memory, and back from that pinned copy; the optimizer with non_blocking `.to`: pageable
+    = ["weights-out"]. NeMo-RL's Megatron worker (the validation rows): the parameter buffer through
+    Megatron-Core's offload_to_cpu (a pinned buffer kept from the first offload), the optimizer state
+    with a blocking `v.to("cpu")` / `v.to("cuda")` (offload_optimizer_for_refit, on by default):
+    pageable = ["optimizer"]; its DTensor worker moves both with `module.to` / `v.to`: pageable both.
+    OpenRLHF `--ds.enable_sleep` (DeepSpeed's offload_states with pin_memory=True): the fp32 master
+    weights, Adam moments and bf16 gradient partition into pinned buffers kept across steps, the
+    contiguous gradient bucket freed, and the bf16 weights (lp_params, left out of the list) kept on
+    the devices: resident = ["weights"], all pinned. torch_memory_saver (slime, AReaL, SGLang's
+    weights backup) copies into pinned memory it allocates with cudaMallocHost at every pause and frees
+    at resume (csrc/cpu_backup.h): 2.41 GiB/s out and 5.32 GiB/s back on an L20 whose pinned copies run
+    at 24 (issue #111), 4.8 s against 0.6 s for an H100 weight resume once the backup is kept (PR #86):
+    the pageable rates, pageable = both directions. The engines: vLLM's sleep level 1 backs the
+    weights up in pinned memory (CuMemAllocator; OpenRLHF's --vllm.enable_sleep, NeMo-RL); verl's hybrid
+    engine sleeps vLLM at level 2 (vLLM >= 0.8.5) and SGLang without a weights backup, so its engine
+    weights are dropped, not copied, and the weight sync refills them (the engine sleep and wake lines
+    overcount verl by their copies: not modelled apart).
+
 Costs. Memory: rpeg/perf/memory.py (`_state_bytes`): what (a) offloads leaves the device's peak;
 what stays is the working set (ZeRO's reduce bucket, which is there without offload too, and
 ZeRO-3's gathered layers); the pinned staging buffers are host memory. Time, per optimizer step of
-(a) (`optimizer_offload_parts`): the gradients down and the weights up over the host link at the
-pinned rate (efficiency.host_link_bytes_per_s), and the CPU Adam step, bound by host DRAM
+(a) (`optimizer_offload_parts`): the gradients down and the weights up over the host link, each at
+its copy's rate (efficiency.host_copy_bytes_per_s: pinned, or pageable where the layout says,
+the line then marked "(pageable)"), and the CPU Adam step, bound by host DRAM
 (HOST_OPTIMIZER_BYTES_PER_S); charged one after another (the overlaps DeepSpeed and Megatron have
 are not credited: an upper bound). With offload_params, each micro-batch's forward and backward
 fetch the weight shards (`param_fetch_bytes`), overlapped with compute like ZeRO-3's gathers. (b):
-the context switch's two moves, less what stays resident (`switched_state_bytes`).
+the context switch's two moves, less what stays resident (`switched_state_parts`), each part at its
+copy's rate.
 """
 
 from __future__ import annotations
@@ -51,7 +89,7 @@ from rpeg.graph.model import ModelSpec
 from rpeg.hardware.device import Device
 from rpeg.perf import memory
 from rpeg.perf.compute import BF16
-from rpeg.perf.efficiency import HOST_OPTIMIZER_BYTES_PER_S, OPTIMIZER_BYTES_PER_PARAM, host_link_bytes_per_s
+from rpeg.perf.efficiency import HOST_OPTIMIZER_BYTES_PER_S, OPTIMIZER_BYTES_PER_PARAM, host_copy_bytes_per_s
 
 GRAD_BYTES = 4.0  # fp32 main gradients, as the gradient sync and the memory model count them
 GRADS_DOWN = "gradients to host"
@@ -67,9 +105,20 @@ def optimizer_offload_parts(optimizer_params: float, layout: ParallelLayout,
     n = layout.offload_optimizer * optimizer_params
     if n <= 0:
         return ()
-    link = host_link_bytes_per_s(device)
+    down = host_copy_bytes_per_s(device, "gradients-out", layout.pageable)
+    up = host_copy_bytes_per_s(device, "weights-in", layout.pageable)
     step = n * OPTIMIZER_BYTES_PER_PARAM.value / HOST_OPTIMIZER_BYTES_PER_S[device.host].value
-    return ((GRADS_DOWN, n * GRAD_BYTES / link), (HOST_STEP, step), (WEIGHTS_UP, n * BF16 / link))
+    return ((_label(GRADS_DOWN, "gradients-out", layout), n * GRAD_BYTES / down), (HOST_STEP, step),
+            (_label(WEIGHTS_UP, "weights-in", layout), n * BF16 / up))
+
+
+def _label(line: str, copy: str, layout: ParallelLayout) -> str:
+    """A copy's breakdown line, saying so when it goes through pageable memory (it is ~10x slower)."""
+    return f"{line} (pageable)" if copy in layout.pageable else line
+
+
+def fetch_label(layout: ParallelLayout) -> str:
+    return _label(FETCH, "weights-in", layout)
 
 
 def param_fetch_bytes(spec: ModelSpec, layout: ParallelLayout, *, value_head: bool = False) -> float:
@@ -82,16 +131,31 @@ def param_fetch_bytes(spec: ModelSpec, layout: ParallelLayout, *, value_head: bo
     return (p.dense / dense + p.expert / expert) * BF16
 
 
-def switched_state_bytes(params: float, layout: ParallelLayout) -> float:
+def switched_state_parts(params: float, layout: ParallelLayout) -> dict[str, float]:
     """Bytes of trainer state one device moves to the host before a colocated engine generates
-    (and back after): the bf16 weights and the optimizer's fp32 master weights and moments, as
-    sharded as the layout keeps them, less what is already on the host (offload_optimizer,
+    (and back after), per part: the bf16 weights and the optimizer's fp32 master weights and moments,
+    as sharded as the layout keeps them, less what is already on the host (offload_optimizer,
     offload_params) and what stays resident. Gradients are freed, not moved."""
     weights = 0.0 if layout.offload_params or "weights" in layout.resident else \
         params * BF16 / (layout.dp if layout.zero >= 3 else 1)
     optimizer = 0.0 if "optimizer" in layout.resident else \
         params * memory.ADAM_BYTES_PER_PARAM * (1.0 - layout.offload_optimizer) / (layout.dp if layout.zero >= 1 else 1)
-    return weights + optimizer
+    return {"weights": weights, "optimizer": optimizer}
+
+
+def switched_state_bytes(params: float, layout: ParallelLayout) -> float:
+    """All of `switched_state_parts`."""
+    return sum(switched_state_parts(params, layout).values())
+
+
+def switch_seconds(params: float, layout: ParallelLayout, device, direction: str) -> float:
+    """Seconds of one move of the context switch (`direction` out: to the host before generation; in:
+    back before training), each part at its copy's rate (pinned, or pageable where the layout says)."""
+    by_rate: dict[float, float] = {}  # the bytes that share a rate, summed first (all pinned: bytes / rate)
+    for part, b in switched_state_parts(params, layout).items():
+        rate = host_copy_bytes_per_s(device, f"{part}-{direction}", layout.pageable)
+        by_rate[rate] = by_rate.get(rate, 0.0) + b
+    return sum(b / rate for rate, b in by_rate.items())
 
 
 def resident_parts(spec: ModelSpec, layout: ParallelLayout) -> tuple[tuple[str, float], ...]:

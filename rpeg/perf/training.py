@@ -27,7 +27,7 @@ from rpeg.perf.collectives import (Group, all_gather_s, all_reduce_s, all_to_all
 from rpeg.perf.compute import BF16, LayerTime, eager_host_s, head_forward, layer_forward
 from rpeg.perf.cost import StageCost
 from rpeg.perf.efficiency import (DP_OVERLAP, HBM, KERNEL_LAUNCH_S, KERNELS_PER_LAYER, OPTIMIZER_BYTES_PER_PARAM,
-                                  host_link_bytes_per_s, host_time)
+                                  host_copy_bytes_per_s, host_time)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -155,8 +155,9 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
             dev.hbm_bandwidth_bytes_per_s * HBM[dev.kind].value)
         host_parts = offload.optimizer_offload_parts(owned, layout, dev)
         if layout.offload_params:  # each micro-batch's forward and backward copy the shards up, overlapped
-            fetch = offload.param_fetch_bytes(spec, layout, value_head=work.value_head) / host_link_bytes_per_s(dev)
-            host_parts += ((offload.FETCH, max(0.0, 2 * m * fetch - pipeline_s) + fetch / units),)
+            fetch = offload.param_fetch_bytes(spec, layout, value_head=work.value_head) / host_copy_bytes_per_s(
+                dev, "weights-in", layout.pageable)
+            host_parts += ((offload.fetch_label(layout), max(0.0, 2 * m * fetch - pipeline_s) + fetch / units),)
     if work.forward_only and fsdp_measured:
         dp_s = fsdp_measured_s
     elif work.forward_only and layout.zero == 3:  # FSDP forward: gather each micro-batch's weights, overlapped

@@ -15,7 +15,8 @@ Assumptions the schema leaves open, the same for every entry:
   in Megatron), fp16, with the distributed optimizer off (dp = 1 in every row).
 - RL entries: GRPO as NeMo-RL runs it: generation, policy logprobs, reference logprobs (its GRPO
   default reference_policy_kl_penalty is 0.01), training, refit; Megatron's distributed optimizer
-  (ZeRO-1) for training; one vLLM engine per `generation.tp x pp` devices; the reference's weights
+  (ZeRO-1) for training, its optimizer state moved to the host and back around generation through
+  pageable memory (NEMO_RL_PAGEABLE); one vLLM engine per `generation.tp x pp` devices; the reference's weights
   swapped in from the host (`reference_on_host`); sequence packing with micro-batches of
   `training.micro_batch` (1) and `training.logprob_batch` (NEMO_RL_LOGPROB_BATCH) maximum-length
   sequences unless the entry says `packing: false`. Prompt length PROMPT_TOKENS; response lengths
@@ -51,6 +52,12 @@ NEMO_RL_KL = Factor(0.01, "NeMo-RL's GRPO default reference_policy_kl_penalty (g
                           "logprob pass every step")
 NEMO_RL_ZERO = Factor(1, "NeMo-RL's Megatron policy uses the distributed optimizer (use_distributed_optimizer: "
                          "true in its Megatron configs): optimizer state sharded over data parallelism, ZeRO-1")
+# NeMo-RL's Megatron worker moves the optimizer state with a blocking `v.to("cpu")` before the refit and
+# `v.to("cuda")` before training (megatron_policy_worker.py move_optimizer; offload_optimizer_for_refit is
+# on by default; the code since June 2025, before v0.3): pageable copies, at efficiency.PAGEABLE_*; its
+# weights go through Megatron-Core's param_and_grad_buffer.offload_to_cpu, a pinned buffer kept from the
+# first offload (rpeg/perf/offload.py)
+NEMO_RL_PAGEABLE = ("optimizer",)
 NEMO_RL_LOGPROB_BATCH = Factor(4, "NeMo-RL's default policy.logprob_batch_size (grpo_math_1B.yaml at v0.5.0, the "
                                    "8B/70B/30B-A3B Megatron configs at v0.3.0): with sequence packing a logprob "
                                    "micro-batch holds 4 x max_total_sequence_length tokens")
@@ -288,7 +295,8 @@ def nemo_rl_plan(run: NemoRlRun, where: str):
     for s in g.stages:
         if s.kind.value in ("infer", "train") or (s.kind.value == "reward" and s.model):
             train = s.kind.value == "train"
-            extra = {"zero": NEMO_RL_ZERO.value, "recompute": run.training["recompute"]} if train else {}
+            extra = {"zero": NEMO_RL_ZERO.value, "recompute": run.training["recompute"],
+                     "pageable": NEMO_RL_PAGEABLE} if train else {}
             mb = run.training["micro_batch" if train else "logprob_batch"]
             g = parallelize(g, s.name, **lay, **extra, micro_batch=mb, packing=run.training["packing"])
     g = refit(g, "full")  # NeMo-RL's refit gathers every tensor in full (refit_utils.gather_params)

@@ -26,8 +26,8 @@ from rpeg.perf.collectives import (Group, all_gather_s, broadcast_s, tensorwise_
                                    weight_tensors)
 from rpeg.perf.compute import BF16
 from rpeg.perf.cost import StageCost
-from rpeg.perf.efficiency import HBM, HOST_LINK_BYTES_PER_S, host_link_bytes_per_s, link_efficiency
-from rpeg.perf.offload import switched_state_bytes
+from rpeg.perf.efficiency import HBM, host_copy_bytes_per_s, link_efficiency
+from rpeg.perf.offload import switch_seconds, switched_state_bytes
 
 
 def weight_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: ParallelLayout, cluster: Cluster, *,
@@ -134,13 +134,18 @@ def context_switch_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: 
                         device=None) -> StageCost:
     """Offload the trainer's state to host before generation and reload it after; the engine
     likewise releases its weights after generation (vLLM's sleep mode) and reloads them. What the
-    training layout keeps resident, or on the host anyway, is not moved (rpeg/perf/offload.py).
-    `device`: whose host link the copies take (None: an x86 host's PCIe, HOST_LINK_BYTES_PER_S)."""
-    state = switched_state_bytes(memory.params_per_device(spec, train), train)  # gradients are freed, not moved
+    training layout keeps resident, or on the host anyway, is not moved (rpeg/perf/offload.py); each
+    part moves at its copy's rate, pinned or, where the training layout lists it in `pageable`,
+    pageable (rpeg/perf/offload.py says which systems copy through pageable memory). The engine's
+    backup is pinned (vLLM's sleep level 1, CuMemAllocator). `device`: whose host link the copies take
+    (None: an x86 host's PCIe)."""
+    params = memory.params_per_device(spec, train)
+    state = switched_state_bytes(params, train)  # gradients are freed, not moved
     engine = spec.params_total() * BF16 / (gen.tp * gen.pp)
-    host = host_link_bytes_per_s(device) if device is not None else HOST_LINK_BYTES_PER_S.value
-    parts = ((OFFLOAD_TRAINER, state / host), (RELOAD_TRAINER, state / host), (ENGINE_SLEEP, engine / host),
+    host = host_copy_bytes_per_s(device, "weights-out")
+    out, back = switch_seconds(params, train, device, "out"), switch_seconds(params, train, device, "in")
+    parts = ((OFFLOAD_TRAINER, out), (RELOAD_TRAINER, back), (ENGINE_SLEEP, engine / host),
              (ENGINE_WAKE, engine / host))
-    seconds = 2 * state / host + 2 * engine / host
+    seconds = out + back + 2 * engine / host
     return StageCost(stage=name, seconds=seconds, memory_s=seconds, bytes=2 * (state + engine) * train.devices,
                      devices=train.devices, parts=parts)
