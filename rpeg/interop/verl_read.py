@@ -433,18 +433,26 @@ def _offload_of(c: _Config, stage: str, strategy: str, notes: Notes) -> dict[str
     """The layout fields of a trained model's offload keys (rpeg/perf/offload.py says what each does).
     FSDP: param_offload / optimizer_offload move the weights / optimizer state to the host between
     phases (false: resident; the gradients are freed either way); FSDP2's offload_policy keeps the
-    shards and the optimizer step on the host throughout. Megatron: param_offload / grad_offload /
-    optimizer_offload between phases; Megatron-Core's optimizer_cpu_offload with
-    optimizer_offload_fraction runs that fraction of the optimizer on the host."""
+    shards and the optimizer step on the host throughout. Megatron: param_offload / optimizer_offload
+    between phases; in verl 0.9 param_offload also releases the gradient buffers
+    (verl/workers/config/engine.py McoreEngineConfig), and the grad_offload key of earlier releases,
+    which the peers' older scripts still set, releases them alone; Megatron-Core's
+    optimizer_cpu_offload with optimizer_offload_fraction runs that fraction of the optimizer on the
+    host. Host copies (rpeg/perf/offload.py, "Pinned or pageable"): FSDP1 pinned both ways; FSDP2's
+    weights through pageable memory (model.cpu() / model.to(device)); Megatron's weights out through
+    pageable memory (.cpu().pin_memory()), back pinned."""
     fsdp, meg, opt = _OFFLOAD_KEYS[stage]
     if strategy == "megatron":
-        resident = tuple(part for part, k in (("weights", "param_offload"), ("gradients", "grad_offload"),
-                                              ("optimizer", "optimizer_offload")) if not c.flag(meg + k))
+        weights_out = c.flag(meg + "param_offload")
+        grads_out = c.flag(meg + "grad_offload") or weights_out
+        resident = tuple(part for part, out in (("weights", weights_out), ("gradients", grads_out),
+                                                ("optimizer", c.flag(meg + "optimizer_offload"))) if not out)
         host = c.num(opt + "optimizer_offload_fraction", whole=False, minimum=0) \
             if c.flag(opt + "optimizer_cpu_offload") else 0.0
         if host > 1:
             raise RpegError(f"{c.source}: {opt}optimizer_offload_fraction = {host}: a fraction from 0 to 1")
-        return {"resident": resident, "offload_optimizer": float(host)}
+        return {"resident": resident, "offload_optimizer": float(host),
+                "pageable": ("weights-out",) if weights_out else ()}
     if c.flag(fsdp + "offload_policy"):
         if strategy != "fsdp2":
             c.skip(notes, fsdp + "offload_policy", "offload_policy is FSDP2's (strategy fsdp2): FSDP1 ignores it")
@@ -452,5 +460,6 @@ def _offload_of(c: _Config, stage: str, strategy: str, notes: Notes) -> dict[str
             for k in ("param_offload", "optimizer_offload"):  # verl turns them off under offload_policy
                 c.get(fsdp + k)
             return {"offload_optimizer": 1.0, "offload_params": True}
-    return {"resident": tuple(part for part, k in (("weights", "param_offload"), ("optimizer", "optimizer_offload"))
-                              if not c.flag(fsdp + k))}
+    resident = tuple(part for part, k in (("weights", "param_offload"), ("optimizer", "optimizer_offload"))
+                     if not c.flag(fsdp + k))
+    return {"resident": resident, "pageable": ("weights",) if strategy == "fsdp2" and "weights" not in resident else ()}

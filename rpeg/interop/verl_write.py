@@ -29,6 +29,21 @@ def _offload_project(stage: str, lay: ParallelLayout, megatron: bool, lines: lis
     elif not megatron and "gradients" in lay.resident:
         want = lay.replace(resident=tuple(p for p in lay.resident if p != "gradients"))
         lines.append(f"{stage} gradients resident through generation: verl's FSDP backend frees them after each update")
+    if megatron and ("weights" in want.resident) != ("gradients" in want.resident):
+        # verl 0.9's param_offload moves the weights and releases the gradient buffers together
+        keep = "weights" in want.resident
+        want = want.replace(resident=tuple(p for p in ("weights", "gradients", "optimizer")
+                                           if (p == "optimizer" and "optimizer" in want.resident)
+                                           or (p != "optimizer" and keep)))
+        lines.append(f"{stage} weights {'resident' if keep else 'on the host'} with gradients "
+                     f"{'released' if keep else 'resident'}: verl's Megatron param_offload moves both together")
+    # how verl copies what it moves (rpeg/perf/offload.py): Megatron's weights out through pageable memory,
+    # FSDP1 pinned, FSDP2's offload_policy keeps the state on the host throughout
+    pageable = ("weights-out",) if megatron and "weights" not in want.resident else ()
+    if want.pageable != pageable:
+        want = want.replace(pageable=pageable)
+        lines.append(f"{stage} host copies: verl's {'Megatron' if megatron else 'FSDP'} backend copies "
+                     + ("its weights out through pageable memory" if pageable else "through pinned memory"))
     return want
 
 
@@ -37,7 +52,7 @@ def _offload_keys(stage: str, lay: ParallelLayout, megatron: bool) -> list[str]:
     fsdp, meg, opt = _OFFLOAD_KEYS[stage]
     if megatron:
         out = [f"{meg}{k}={_fmt(part not in lay.resident)}" for part, k in (
-            ("weights", "param_offload"), ("gradients", "grad_offload"), ("optimizer", "optimizer_offload"))]
+            ("weights", "param_offload"), ("optimizer", "optimizer_offload"))]  # param_offload frees the gradients
         if lay.offload_optimizer:
             out += [f"+{opt}optimizer_cpu_offload=True", f"+{opt}optimizer_offload_fraction={lay.offload_optimizer!r}"]
         return out
@@ -120,7 +135,7 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
             want = ParallelLayout(dp=cu.devices // cu.cp, cp=cu.cp, zero=3, packing=cu.packing,
                                   micro_batch=cu.micro_batch, recompute="full" if cu.recompute != "none" else "none",
                                   offload_optimizer=cu.offload_optimizer, offload_params=cu.offload_params,
-                                  resident=cu.resident)
+                                  resident=cu.resident, pageable=cu.pageable)
         want = _offload_project("critic_update", want, megatron, lines)
         if want != cu:
             lines.append(f"critic_update laid out as {cu.describe()}: verl's {'Megatron' if megatron else 'FSDP'} "
@@ -129,7 +144,8 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
         cv = lay["critic_values"]
         # Megatron's critic has no forward micro-batch of its own: its ppo_micro_batch_size_per_gpu
         want_v = want.replace(recompute="none", micro_batch=want.micro_batch if megatron else cv.micro_batch,
-                              zero=0 if megatron else 3, offload_optimizer=0.0, offload_params=False, resident=())
+                              zero=0 if megatron else 3, offload_optimizer=0.0, offload_params=False, resident=(),
+                              pageable=())
         if want_v != cv:
             lines.append(f"critic_values laid out as {cv.describe()}: verl runs it on the critic's workers")
         lay["critic_values"] = want_v
