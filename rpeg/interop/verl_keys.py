@@ -50,8 +50,10 @@ ROLLOUT_IS = {"token": "tis", "sequence": "tis-seq"}
 _OFFLOAD_KEYS = {
     "actor_update": ("actor_rollout_ref.actor.fsdp_config.", "actor_rollout_ref.actor.megatron.",
                      "actor_rollout_ref.actor.optim.override_optimizer_config."),
-    "critic_update": ("critic.model.fsdp_config.", "critic.megatron.", "critic.optim.override_optimizer_config."),
+    "critic_update": ("critic.fsdp.", "critic.megatron.", "critic.optim.override_optimizer_config."),
 }
+# the critic's FSDP keys before verl 0.9 (its example scripts still set them): read, never written
+_OLDER_FSDP = {"critic_update": "critic.model.fsdp_config."}
 DEFAULTS: dict[str, Any] = {
     "data.train_batch_size": 1024, "data.max_prompt_length": 512, "data.max_response_length": 512,
     "data.gen_batch_size": None,
@@ -73,7 +75,7 @@ DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": None,
     "actor_rollout_ref.ref.fsdp_config.param_offload": False,
     # offload of the trained models' state (_offload_of): verl's defaults keep it all on the GPUs
-    **{f"{fsdp}{k}": False for fsdp, _, _ in _OFFLOAD_KEYS.values()
+    **{f"{fsdp}{k}": False for fsdp in [f for f, _, _ in _OFFLOAD_KEYS.values()] + list(_OLDER_FSDP.values())
        for k in ("param_offload", "optimizer_offload", "offload_policy")},
     **{f"{meg}{k}": False for _, meg, _ in _OFFLOAD_KEYS.values()
        for k in ("param_offload", "grad_offload", "optimizer_offload")},

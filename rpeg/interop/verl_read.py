@@ -22,7 +22,8 @@ from rpeg.interop.common import (
 )
 from rpeg.interop.shell import is_unknown
 from rpeg.interop.verl_keys import (
-    ENTRIES, ESTIMATORS, KL_TYPES, LOSS_AGG, RECIPES, ROLLOUT_IS, SYSTEM, _ENTRY, _OFFLOAD_KEYS, _Config, _note_rest,
+    _OLDER_FSDP, ENTRIES, ESTIMATORS, KL_TYPES, LOSS_AGG, RECIPES, ROLLOUT_IS, SYSTEM, _ENTRY, _OFFLOAD_KEYS, _Config,
+    _note_rest,
 )
 
 
@@ -453,6 +454,10 @@ def _offload_of(c: _Config, stage: str, strategy: str, notes: Notes) -> dict[str
             raise RpegError(f"{c.source}: {opt}optimizer_offload_fraction = {host}: a fraction from 0 to 1")
         return {"resident": resident, "offload_optimizer": float(host),
                 "pageable": ("weights-out",) if weights_out else ()}
+    older = _OLDER_FSDP.get(stage)
+    if older and any(c.has(older + k) for k in ("param_offload", "optimizer_offload", "offload_policy")) \
+            and not any(c.has(fsdp + k) for k in ("param_offload", "optimizer_offload", "offload_policy")):
+        fsdp = older  # a script for verl before 0.9 (critic.model.fsdp_config)
     if c.flag(fsdp + "offload_policy"):
         if strategy != "fsdp2":
             c.skip(notes, fsdp + "offload_policy", "offload_policy is FSDP2's (strategy fsdp2): FSDP1 ignores it")
