@@ -47,6 +47,16 @@ def _offload_project(stage: str, lay: ParallelLayout, megatron: bool, lines: lis
     return want
 
 
+def _megatron_keys(M: str, lay: ParallelLayout) -> list[str]:
+    """A trained model's Megatron layout as verl's keys under the prefix `M` (actor or critic)."""
+    out = [f"{M}tensor_model_parallel_size={lay.tp}", f"{M}pipeline_model_parallel_size={lay.pp}",
+           f"{M}context_parallel_size={lay.cp}", f"{M}expert_model_parallel_size={lay.ep}",
+           f"{M}sequence_parallel={_fmt(lay.sequence_parallel)}", f"{M}use_distributed_optimizer={_fmt(lay.zero == 1)}"]
+    if lay.pp_interleave > 1:
+        out.append(f"{M}virtual_pipeline_model_parallel_size={lay.pp_interleave}")
+    return out + _megatron_recompute(M, lay.recompute)
+
+
 def _offload_keys(stage: str, lay: ParallelLayout, megatron: bool) -> list[str]:
     """verl's offload keys of a trained model's layout (after _offload_project)."""
     fsdp, meg, opt = _OFFLOAD_KEYS[stage]
@@ -278,14 +288,7 @@ def overrides(view: PlanView) -> tuple[str, list[str], str]:
     out.append(f"actor_rollout_ref.model.use_remove_padding={_fmt(a.packing)}")
     out.append(f"{A}use_dynamic_bsz=False")
     if megatron:
-        M = A + "megatron."
-        out += [f"{A}strategy=megatron", f"{M}tensor_model_parallel_size={a.tp}",
-                f"{M}pipeline_model_parallel_size={a.pp}", f"{M}context_parallel_size={a.cp}",
-                f"{M}expert_model_parallel_size={a.ep}", f"{M}sequence_parallel={_fmt(a.sequence_parallel)}",
-                f"{M}use_distributed_optimizer={_fmt(a.zero == 1)}"]
-        if a.pp_interleave > 1:
-            out.append(f"{M}virtual_pipeline_model_parallel_size={a.pp_interleave}")
-        out += _megatron_recompute(M, a.recompute)
+        out += [f"{A}strategy=megatron"] + _megatron_keys(A + "megatron.", a)
         out += _offload_keys("actor_update", a, megatron)
         out += [f"actor_rollout_ref.ref.megatron.tensor_model_parallel_size={a.tp}",
                 f"actor_rollout_ref.ref.megatron.pipeline_model_parallel_size={a.pp}"]
@@ -306,14 +309,7 @@ def overrides(view: PlanView) -> tuple[str, list[str], str]:
         out += ["critic.enable=True", f"critic.model.path={hf_name(v.critic or v.actor)}",
                 f"critic.model.use_remove_padding={_fmt(cu.packing)}"]
         if megatron:
-            M = "critic.megatron."
-            out += ["critic.strategy=megatron", f"{M}tensor_model_parallel_size={cu.tp}",
-                    f"{M}pipeline_model_parallel_size={cu.pp}", f"{M}context_parallel_size={cu.cp}",
-                    f"{M}expert_model_parallel_size={cu.ep}", f"{M}sequence_parallel={_fmt(cu.sequence_parallel)}",
-                    f"{M}use_distributed_optimizer={_fmt(cu.zero == 1)}"]
-            if cu.pp_interleave > 1:
-                out.append(f"{M}virtual_pipeline_model_parallel_size={cu.pp_interleave}")
-            out += _megatron_recompute(M, cu.recompute)
+            out += ["critic.strategy=megatron"] + _megatron_keys("critic.megatron.", cu)
         else:
             out += [f"critic.strategy={'fsdp2' if cu.offload_params else 'fsdp'}",
                     f"critic.ulysses_sequence_parallel_size={cu.cp}",
