@@ -12,14 +12,19 @@ per decode iteration and the KV cache of every context token). Depth D is the cr
   its devices; pipeline parallelism overlaps them);
 - training: per optimizer step, forward + backward (+ recomputation) over the micro-batches of a
   mini-batch, then the optimizer; times mini-batches and epochs;
-- GAE: a reverse loop over the response tokens; group or batch normalization: log2 of the
-  reduction; rule rewards and weight syncs: 1.
+- GAE: its recurrence A_t = delta_t + (gamma lambda) A_{t+1} is a linear first-order recurrence, an
+  associative scan: log2 of the response length (a few FLOPs per token, not a layer step per
+  token); group or batch normalization: log2 of the reduction; rule rewards and weight syncs: 1.
 
 The step's depth is the longest path through the stage DAG; a fused group counts once (its
 stages run together per micro-batch), and a streamed edge lets the consumer start after the
 producer's first micro-batch. Over several steps, weight-version edges join the steps: with an
-async bound k, generation of step t waits only for the weights of step t - k - 1, so the depth
-per step falls while the work stays the same.
+async bound k, generation of step t waits only for the weights of step t - k - 1. Each stage also
+runs its steps in order (step t + 1 of a stage starts after its step t: one engine, one trainer),
+so the depth per step with asynchrony falls at most to the deepest stage's: the Foundations paper's
+max{D_G + D_A, D_T} for a rollout (generation and advantages) overlapped with training. When
+generation is nearly all of a step's depth, asynchrony shortens the depth by little; what it buys
+on real devices is overlap of generation with training on different devices (the simulator).
 """
 
 from __future__ import annotations
@@ -133,7 +138,8 @@ def _stage(g: Graph, s: Stage) -> StageWorkDepth:
     else:
         depth = 1
     if s.kind is Kind.COMPUTE and g.config.adv_estimator == "gae" and "advantages" in s.writes:
-        depth = job.response.expected_max(int(n))  # reverse loop over tokens
+        # an associative scan over the longest response's tokens
+        depth = math.ceil(math.log2(max(job.response.expected_max(int(n)), 2)))
     return StageWorkDepth(s.name, s.kind, s.model, 10.0 * tokens, field_bytes, float(depth))
 
 
@@ -195,11 +201,12 @@ def _critical_path(g: Graph, depth: dict[str, float]) -> tuple[float, list[str]]
 
 
 def multi_step_depth(g: Graph, depth: dict[str, float], steps: int) -> float:
-    """Depth of `steps` steps joined by weight-version edges (infinite devices)."""
+    """Depth of `steps` steps joined by weight-version edges (infinite devices), each stage running its
+    steps in order."""
     finish_of: list[dict[str, float]] = []
     wedges = g.weight_edges()
     for t in range(steps):
-        ready: dict[str, float] = {}
+        ready: dict[str, float] = dict(finish_of[t - 1]) if t else {}  # a stage's step t after its step t - 1
         for e in wedges:
             src_step = t - e.distance
             if e.distance and 0 <= src_step < t:
