@@ -239,34 +239,28 @@ def graph_of(view: PlanView) -> Graph:
 
 # ---- what every importer needs -------------------------------------------------------------------
 
-def preset_for(path: str) -> str | None:
-    """The RPEG model a peer's model path or name names (`Qwen/Qwen2.5-7B-Instruct`, `~/models/Qwen3-8B`, a
-    local folder with a config.json), or None: its name, which names it again in a job file
-    (rpeg.graph.catalogue.resolve_model: a preset, a catalogue id, or a config's absolute path)."""
-    if not isinstance(path, str) or not path.strip():
-        return None
-    try:
-        return get_model(path).name
-    except RpegError:
-        return None
-
-
 def model_preset(path: Any, key: str, override: str | None = None, notes: Notes | None = None) -> str:
-    """The preset for the model at `key`, or a one-line error naming the key and the way out. What was
-    assumed to name it (a name read by the catalogue id it starts with) goes to `notes`."""
+    """The RPEG model a peer's model path or name names (`Qwen/Qwen2.5-7B-Instruct`, `~/models/Qwen3-8B`, a
+    local folder with a config.json) at `key`: its name, which names it again in a job file
+    (rpeg.graph.catalogue.resolve_model: a preset, a catalogue id, or a config's absolute path); or a
+    one-line error naming the key and the way out. What was assumed to name it (a name read by the
+    catalogue id it starts with) goes to `notes`."""
     if override:
         return get_model(override).name
-    name = preset_for(path) if isinstance(path, str) else None
-    if name is not None and notes is not None:
-        from rpeg.graph.catalogue import resolve_model
+    from rpeg.graph.catalogue import resolve_model
 
-        for line in resolve_model(path).notes:
-            notes.assume(f"{key}: {line}")
-    if name is None:
+    try:
+        found = resolve_model(path) if isinstance(path, str) and path.strip() else None
+    except RpegError:
+        found = None
+    if found is None:
         raise RpegError(f"{key} = {path!r}: not a model RPEG knows (a preset or catalogue id: `rpeg models --all`; "
                         "or a folder with a config.json on this machine); name one with --model (a name, a config.json "
                         "or a model folder)")
-    return name
+    if notes is not None:
+        for line in found.notes:
+            notes.assume(f"{key}: {line}")
+    return found.spec.name
 
 
 @dataclass
