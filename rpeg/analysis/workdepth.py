@@ -6,8 +6,9 @@ micro-batch; generation decodes its sequences as one continuous batch, reading t
 per decode iteration and the KV cache of every context token). Depth D is the critical path in
 *layer steps* — one layer's computation on a batch — as the plan schedules the stage:
 
-- generation: (1 prefill + the longest response of the batch) x layers: decoding is sequential
-  in tokens, so the tail of the length distribution, not its mean, sets the depth;
+- generation: (1 prefill + the longest response of the batch - 1) x layers (the prefill samples
+  the first token, each decode step one more): decoding is sequential in tokens, so the tail of
+  the length distribution, not its mean, sets the depth;
 - inference: layers/pp x (micro-batches + pp - 1) (micro-batches of one stage run in sequence on
   its devices; pipeline parallelism overlaps them);
 - training: per optimizer step, forward + backward (+ recomputation) over the micro-batches of a
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 
 from rpeg.graph import Graph, Kind, Stage
 from rpeg.passes import bound_asynchrony
-from rpeg.perf.flops import expected_forward_flops, expected_train_flops
+from rpeg.perf.flops import expected_forward_flops, expected_generation_flops, expected_train_flops
 
 BYTES_PER_PARAM = 2  # bf16 weights
 ADAM_BYTES_PER_PARAM = 16  # fp32 master weights, gradients, two moments: read and written once each step
@@ -93,6 +94,11 @@ def async_depth_table(graph: Graph, ks: tuple[int, ...] = (0, 1, 2, 4), steps: i
 
 
 # ---- per stage ---------------------------------------------------------------------------------
+def _scalar_head(g: Graph, s: Stage) -> bool:
+    """A critic's value head or a reward model's score head (hidden x 1), not the vocabulary's."""
+    return "lm" not in g.model(s.model).heads
+
+
 def _stage(g: Graph, s: Stage) -> StageWorkDepth:
     job = g.job
     n = g.stage_sequences(s)
@@ -103,22 +109,24 @@ def _stage(g: Graph, s: Stage) -> StageWorkDepth:
     mb = s.microbatches
     if s.kind is Kind.GENERATE:
         resp = job.response
-        flops = n * expected_forward_flops(spec, job.prompt_len, resp)
+        flops = n * expected_generation_flops(spec, job.prompt_len, resp)
         longest = resp.expected_max(int(n))
         kv_bytes = spec.kv_elements_per_token() * BYTES_PER_PARAM
         e_r, e_r2 = resp.moments()
-        kv_reads = n * (e_r * job.prompt_len + (e_r2 + e_r) / 2) * kv_bytes
+        kv_reads = n * (max(0.0, e_r - 1) * job.prompt_len + (e_r2 - e_r) / 2) * kv_bytes  # r - 1 decode steps
         weights = spec.params_total() * BYTES_PER_PARAM
-        return StageWorkDepth(s.name, s.kind, s.model, flops, (1 + longest) * weights + kv_reads + field_bytes,
-                              (1 + longest) * spec.layers)
+        passes = max(1.0, longest)  # the prefill, then longest - 1 decode steps
+        return StageWorkDepth(s.name, s.kind, s.model, flops, passes * weights + kv_reads + field_bytes,
+                              passes * spec.layers)
     if s.kind in (Kind.INFER, Kind.REWARD) and spec is not None:
-        flops = n * expected_forward_flops(spec, job.prompt_len, job.response)
+        flops = n * expected_forward_flops(spec, job.prompt_len, job.response, value_head=_scalar_head(g, s))
         weights = spec.params_total() * BYTES_PER_PARAM
         return StageWorkDepth(s.name, s.kind, s.model, flops, mb * weights + field_bytes,
                               spec.layers / pp * (mb + pp - 1))
     if s.kind is Kind.TRAIN:
         recompute = lay.recompute if lay else "none"
-        flops = s.passes * n * expected_train_flops(spec, job.prompt_len, job.response, recompute)
+        flops = s.passes * n * expected_train_flops(spec, job.prompt_len, job.response, recompute,
+                                                    value_head=_scalar_head(g, s))
         optimizer_steps = s.passes * job.mini_batches
         mb_per_step = max(1, math.ceil(mb / job.mini_batches))
         fwd_bwd = 3 if recompute == "full" else 2

@@ -148,8 +148,14 @@ def eager_host_s(device: Device, layers: float) -> float:
 
 
 def head_forward(spec: ModelSpec, device: Device, *, tokens: float, tp: int = 1, dtype: str = "bf16",
-                 decode: bool = False) -> LayerTime:
-    """The output projection to the vocabulary (and its softmax/logprob) for `tokens` tokens."""
+                 decode: bool = False, value_head: bool = False) -> LayerTime:
+    """The output projection to the vocabulary (and its softmax/logprob) for `tokens` tokens; with
+    `value_head`, a critic's or reward model's scalar head instead (hidden x 1 per token: a GEMV
+    that reads the final hidden states once, no logits)."""
+    if value_head:
+        _, _, bw = _rates(device, dtype, decode)
+        traffic = BF16 * (tokens * spec.hidden / tp + spec.hidden)
+        return LayerTime(0.0, 0.0, traffic / bw, 2.0 * tokens * spec.hidden / tp, traffic)
     gemm_rate, _, bw = _rates(device, dtype, decode)
     flops = 2.0 * tokens * spec.vocab * spec.hidden / tp
     weight_bytes = BF16 * spec.vocab * spec.hidden / tp

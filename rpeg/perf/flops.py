@@ -43,6 +43,12 @@ def head_flops_per_token(spec: ModelSpec) -> float:
     return 2.0 * spec.vocab * spec.hidden
 
 
+def scalar_head_saving_per_token(spec: ModelSpec) -> float:
+    """What a critic's value head or a reward model's score head (hidden x 1) saves per token
+    against the vocabulary head `params_matmul_active` counts."""
+    return 2.0 * (spec.vocab - 1) * spec.hidden
+
+
 def layers_forward_flops(spec: ModelSpec, seq_len: float) -> float:
     """Forward FLOPs of the decoder layers alone (no output head) over a causal sequence."""
     return sequence_forward_flops(spec, seq_len) - head_flops_per_token(spec) * seq_len
@@ -69,21 +75,40 @@ def train_flops(spec: ModelSpec, seq_len: float, recompute: str = "none") -> flo
     return 3.0 * sequence_forward_flops(spec, seq_len) + recompute_flops(spec, seq_len, recompute)
 
 
-def expected_forward_flops(spec: ModelSpec, prompt: float, response) -> float:
+def expected_forward_flops(spec: ModelSpec, prompt: float, response, *, value_head: bool = False) -> float:
     """E[sequence_forward_flops(prompt + r)] for r ~ `response` (a LengthDistribution), exactly:
-    the cost is quadratic in the length, so the first two moments suffice."""
+    the cost is quadratic in the length, so the first two moments suffice. `value_head`: a critic's
+    or reward model's scalar head in place of the vocabulary head."""
     e_r, e_r2 = response.moments()
     e_s = prompt + e_r
     e_s2 = prompt * prompt + 2 * prompt * e_r + e_r2
-    return 2.0 * spec.params_matmul_active() * e_s + attention_flops_per_context_token(spec) * (e_s2 + e_s) / 2
+    head = scalar_head_saving_per_token(spec) * e_s if value_head else 0.0
+    return 2.0 * spec.params_matmul_active() * e_s + attention_flops_per_context_token(spec) * (e_s2 + e_s) / 2 - head
 
 
-def expected_train_flops(spec: ModelSpec, prompt: float, response, recompute: str = "none") -> float:
+def expected_generation_flops(spec: ModelSpec, prompt: float, response) -> float:
+    """E[FLOPs] of generating r ~ `response` tokens after a `prompt`-token prompt with a KV cache.
+
+    The prefill runs the decoder layers over the prompt and the vocabulary head over its last token
+    only (vLLM computes logits at the positions it samples from); that samples the first response
+    token, and each of the r - 1 decode steps feeds one token in and samples the next. So the layers
+    see prompt + r - 1 tokens (the last sampled token is never fed in) and the head r: a forward
+    pass over prompt + r tokens, less the head over the prompt and one whole token's layers, which
+    attends to all prompt + r positions."""
+    e_r, _ = response.moments()
+    layers_per_token = 2.0 * spec.params_matmul_active() - head_flops_per_token(spec)
+    last = layers_per_token + attention_flops_per_context_token(spec) * (prompt + e_r)
+    return expected_forward_flops(spec, prompt, response) - head_flops_per_token(spec) * prompt - last
+
+
+def expected_train_flops(spec: ModelSpec, prompt: float, response, recompute: str = "none", *,
+                         value_head: bool = False) -> float:
     """E[train_flops(prompt + r)] in closed form, as expected_forward_flops."""
     e_r, e_r2 = response.moments()
     e_s = prompt + e_r
     e_s2 = prompt * prompt + 2 * prompt * e_r + e_r2
-    fwd = expected_forward_flops(spec, prompt, response)
+    fwd = expected_forward_flops(spec, prompt, response, value_head=value_head)
     attn = attention_flops_per_context_token(spec) * (e_s2 + e_s) / 2
-    extra = {"none": 0.0, "selective": attn, "full": fwd - head_flops_per_token(spec) * e_s}[recompute]
+    head = 2.0 * spec.hidden if value_head else head_flops_per_token(spec)
+    extra = {"none": 0.0, "selective": attn, "full": fwd - head * e_s}[recompute]
     return 3.0 * fwd + extra

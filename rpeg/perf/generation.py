@@ -36,7 +36,7 @@ from rpeg.perf.compute import BF16, eager_host_s, head_forward, layer_forward
 from rpeg.perf.cost import StageCost
 from rpeg.perf.efficiency import (DECODE_OVERHEAD_PER_SEQ_S, DECODE_STEP_OVERHEAD_S, KV_MEMORY_UTILIZATION,
                                   KV_MEMORY_UTILIZATION_COLOCATED, Factor, host_time)
-from rpeg.perf.flops import expected_forward_flops
+from rpeg.perf.flops import expected_generation_flops
 
 MAX_NUM_SEQS = Factor(256, "vLLM's default cap on sequences in one batch (max_num_seqs)")
 _GOLDEN = (math.sqrt(5) - 1) / 2
@@ -108,7 +108,10 @@ class _StepModel:
 
 
 def _prefill_s(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, tokens: float, prompt: float,
-               dtype: str) -> float:
+               dtype: str, sequences: float) -> float:
+    """A prefill of `tokens` tokens of `sequences` sequences: the decoder layers over every token, the
+    vocabulary head over each sequence's last position only (vLLM computes logits only where it
+    samples: the first response token)."""
     if tokens <= 0:
         return 0.0
     kw = dict(tokens=tokens / layout.pp, context=prompt / 2, tp=layout.tp, ep=layout.ep, dtype=dtype)
@@ -116,7 +119,7 @@ def _prefill_s(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, tokens
     t = layer_forward(spec, cluster.device, moe_layer=False, **kw).seconds * dense
     if spec.is_moe:
         t += layer_forward(spec, cluster.device, moe_layer=True, **kw).seconds * spec.moe_layers
-    t += head_forward(spec, cluster.device, tokens=tokens / layout.pp, tp=layout.tp, dtype=dtype).seconds
+    t += head_forward(spec, cluster.device, tokens=sequences, tp=layout.tp, dtype=dtype).seconds
     t += eager_host_s(cluster.device, spec.layers)  # an eager engine's host time per call, where measured
     comm = 2 * spec.layers * all_reduce_s(cluster, tokens / layout.pp * spec.hidden * BF16, Group(layout.tp, 1))
     return t + comm
@@ -140,9 +143,13 @@ def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster,
         raise RpegError(f"one sequence of {prompt:.0f} + {longest:.0f} tokens does not fit the KV cache "
                         f"({capacity_tokens:.0f} tokens per engine)")
 
+    # A sequence admitted with d tokens already generated (d > 0 after a preemption) is prefilled over
+    # prompt + d tokens, which samples token d + 1; each decode step feeds the last token in (its KV
+    # is written) and samples one more, so a response of L tokens takes L - d - 1 decode steps and
+    # holds prompt + L - 1 tokens of KV cache at the end (the last sampled token is never fed in).
     while queue or running:
         # admit
-        admitted_tokens = 0.0
+        admitted_tokens = admitted = 0.0
         while queue and len(running) < max_seqs:
             i = queue[-1]
             need = prompt + done_tokens[i] + 1
@@ -150,16 +157,20 @@ def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster,
                 break
             queue.pop()
             start_step[i] = now
-            heapq.heappush(running, (now + lengths[i] - done_tokens[i], i))
+            heapq.heappush(running, (now + lengths[i] - done_tokens[i] - 1, i))
             held += need - 1
             admitted_tokens += prompt + done_tokens[i]
-        prefill_s += _prefill_s(spec, layout, cluster, admitted_tokens, prompt, dtype)
+            admitted += 1
+        prefill_s += _prefill_s(spec, layout, cluster, admitted_tokens, prompt, dtype, admitted)
         b = len(running)
         # advance to the next finish, or until the KV cache is full
         next_finish = running[0][0]
         room = (capacity_tokens - held) / b
         room = room if math.isinf(room) else math.floor(room)  # inf: no KV limit
-        delta = max(1.0, min(next_finish - now, room)) if room >= 1 else 1.0
+        if next_finish <= now + 1e-9:  # responses of one token: done at their prefill
+            delta = 0.0
+        else:
+            delta = max(1.0, min(next_finish - now, room)) if room >= 1 else 1.0
         ctx0 = held
         ctx1 = held + b * delta
         t0, c0 = step(b, ctx0)
@@ -172,7 +183,7 @@ def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster,
         # finish
         while running and running[0][0] <= now + 1e-9:
             _, i = heapq.heappop(running)
-            held -= prompt + lengths[i]
+            held -= prompt + lengths[i] - 1
             done_tokens[i] = lengths[i]
         held = max(held, 0.0)
         # preempt the newest while over capacity (vLLM recompute preemption)
@@ -181,8 +192,8 @@ def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster,
             running.remove(newest)
             heapq.heapify(running)
             i = newest[1]
-            done_tokens[i] += now - start_step[i]
-            held -= prompt + done_tokens[i]
+            done_tokens[i] += 1 + now - start_step[i]  # the token its prefill sampled, then one per step
+            held -= prompt + done_tokens[i] - 1
             queue.append(i)
             preemptions += 1
     return {"decode": decode_s - comm_s - overhead_s, "prefill": prefill_s, "tensor-parallel comm": comm_s,
@@ -199,7 +210,7 @@ def carried_recompute_s(spec: ModelSpec, layout: ParallelLayout, cluster: Cluste
     mean, mean2 = work.response.moments()
     context = work.prompt_len + (mean2 / (2 * mean) if mean > 0 else 0.0)
     in_flight = min(MAX_NUM_SEQS.value, capacity / context if math.isfinite(capacity) else MAX_NUM_SEQS.value)
-    return _prefill_s(spec, layout, cluster, in_flight * context, context, work.dtype)
+    return _prefill_s(spec, layout, cluster, in_flight * context, context, work.dtype, in_flight)
 
 
 def engine_layout(spec: ModelSpec, layout: ParallelLayout) -> ParallelLayout:
@@ -248,7 +259,7 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
         ("recompute carried KV cache",) if work.partial else ())
     parts = tuple((k, sim[k]) for k in keys)
     seconds = sum(v for _, v in parts)
-    flops = work.sequences * expected_forward_flops(spec, work.prompt_len, work.response)
+    flops = work.sequences * expected_generation_flops(spec, work.prompt_len, work.response)
     weights = memory.weight_bytes_per_device(spec, engine_layout(spec, layout))
     kv_bytes = util * dev.hbm_capacity_bytes - weights
     return StageCost(stage=name, seconds=seconds, compute_s=sim["prefill"], memory_s=sim["decode"],

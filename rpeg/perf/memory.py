@@ -407,18 +407,19 @@ def _forward_bytes_per_token(spec: ModelSpec, index: int, *, seq_len: float, tp:
 
 
 def inference_memory(spec: ModelSpec, layout: ParallelLayout, *, seq_len: float,
-                     micro_batch: float) -> MemoryBreakdown:
+                     micro_batch: float, value_head: bool = False) -> MemoryBreakdown:
     """A forward-only pass (reference or critic log-probs, rewards): weights plus the transient
     activations of one layer (FlashAttention: no s x s scores) or, on the last stage, the fp32
-    logits if larger; no gradients or optimizer state, and no KV cache kept across calls."""
+    logits if larger (none for a critic's or reward model's scalar head, `value_head`); no
+    gradients or optimizer state, and no KV cache kept across calls."""
     tokens = seq_len * micro_batch / layout.cp
     stages = []
     for s, layers in enumerate(stage_layers(spec, layout.pp)):
-        p = device_params(spec, layout, stage=s)
+        p = device_params(spec, layout, stage=s, value_head=value_head)
         weights = BF16_BYTES * (_sharded(p, data_parallel_groups(spec, layout)) if layout.zero == 3 else p.total)
         acts = tokens * max((_forward_bytes_per_token(spec, i, seq_len=seq_len, tp=layout.tp) for i in layers),
                             default=0.0)
-        if s == layout.pp - 1:
+        if s == layout.pp - 1 and not value_head:
             acts = max(acts, tokens * LOGIT_BYTES * spec.vocab / layout.tp)
         buffers = BUFFER_BYTES + _zero3_working_set(spec, layout, s, 0.0)
         stages.append(MemoryBreakdown(weights=weights, activations=acts, buffers=buffers))

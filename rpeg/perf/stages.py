@@ -51,7 +51,8 @@ def _pass_workload(graph: Graph, stage: Stage, *, train: bool) -> PassWorkload:
         context, micro = (seq_len + 1) / 2, float(mb)
     steps = job.ppo_epochs * job.mini_batches if train else 1
     per_step = seqs / job.mini_batches if train else seqs
-    value_head = train and "value" in graph.model(stage.model).heads
+    # a critic's value head or a reward model's score head: hidden x 1, not the vocabulary
+    value_head = "lm" not in graph.model(stage.model).heads
     return PassWorkload(sequences=per_step, seq_len=seq_len, attention_context=context,
                         micro_batch=micro, optimizer_steps=steps, forward_only=not train, value_head=value_head)
 

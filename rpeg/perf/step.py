@@ -87,13 +87,38 @@ def _step(graph: Graph, costs: dict[str, StageCost], switch, gpus: int) -> StepP
         bottleneck = "the dependency chain of one step (synchronous)"
     else:
         group, load = max(busy.items(), key=lambda kv: kv[1])
-        cycle = makespan / (1 + graph.async_bound)
+        cycle, label = weight_cycle(graph, schedule, costs)
         step_s = max(load, cycle)
-        bottleneck = (f"device group {group!r} ({load:.1f} s of work per step)" if load >= cycle
-                      else f"the generation -> training -> sync cycle over {1 + graph.async_bound} steps")
+        bottleneck = f"device group {group!r} ({load:.1f} s of work per step)" if load >= cycle else label
     job = graph.job
     return StepPrediction(step_s=step_s, stages=costs, schedule=schedule, group_busy_s=busy, bottleneck=bottleneck,
                           sequences=job.sequences, tokens=job.sequences * job.mean_seq_len, gpus=gpus)
+
+
+def weight_cycle(graph: Graph, schedule: dict[str, tuple[float, float]],
+                 costs: dict[str, StageCost]) -> tuple[float, str]:
+    """The longest weight cycle per step: for every stage that reads a trained model's weights
+    (Graph.weight_edges: the writer, training or its sync, at step t; the reader at step t + d), the
+    reader's step t + d cannot start before the writer's step t ends, so d steps take at least the
+    path from the reader's start to the writer's end in one step's schedule (the paper's
+    max{D_G + D_A, D_T} for generation; a critic whose forward reads the weights its own update
+    writes at distance 1 closes a one-step cycle whatever the generation's bound). A streamed
+    reader's span in one step's schedule is stretched by its producer; on the cycle it counts from
+    where its own work would start, its end less its duration."""
+    fused = {n: g for g in graph.fusion for n in g}
+    best, label = 0.0, ""
+    for e in graph.weight_edges():
+        if e.distance < 1 or e.src not in schedule or e.dst not in schedule:
+            continue
+        members = fused.get(e.dst, (e.dst,))
+        own = fused_seconds(graph, members, costs) if len(members) > 1 else costs[e.dst].seconds
+        start = max(schedule[e.dst][0], schedule[e.dst][1] - own)
+        path = schedule[e.src][1] - start
+        if path / e.distance > best:
+            best = path / e.distance
+            label = (f"the {e.dst} -> ... -> {e.src} cycle of {e.model}'s weights over {e.distance} step"
+                     f"{'s' if e.distance > 1 else ''}")
+    return best, label
 
 
 def _busy_beside(graph: Graph, stage, pred: StepPrediction) -> float:

@@ -74,7 +74,9 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
         fwd = fwd + layer_forward(spec, dev, moe_layer=False, **kw).scaled(dense_l * share)
     if moe_l:
         fwd = fwd + layer_forward(spec, dev, moe_layer=True, **kw).scaled(moe_l * share)
-    head = head_forward(spec, dev, tokens=tokens, tp=tp, dtype=work.dtype)
+    # the output head runs on the last pipeline stage only: the step's time is that of its slowest
+    # (the last) stage, but the work summed over devices counts the head once per pipeline (1 / pp)
+    head = head_forward(spec, dev, tokens=tokens, tp=tp, dtype=work.dtype, value_head=work.value_head)
     layers_per_stage *= v
     # per micro-batch on the host: measured per layer (cpu-local), else kernel launches
     launch = eager_host_s(dev, layers_per_stage) or (KERNEL_LAUNCH_S.value * host_time(dev) * KERNELS_PER_LAYER
@@ -116,7 +118,11 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
         p2p = (1 if work.forward_only else 2) * boundary * v
     per_mb += p2p
     bubble_mbs = (pp - 1) / v
-    pipeline_s = (m + bubble_mbs) * per_mb
+    # 1F1B with a heavier last stage: its m micro-batches in a row, plus the other stages' fill and
+    # drain once each (pp - 1 stages without the head; /v with interleaving)
+    head_mb = (1 if work.forward_only else 3) * head.seconds
+    bubble_mb = per_mb - head_mb if pp > 1 else per_mb
+    pipeline_s = m * per_mb + bubble_mbs * bubble_mb
 
     # after the micro-batches: gradient reduction and optimizer. FSDP gathers (ZeRO-3) go one unit at a
     # time: each decoder layer, and the root with the embedding and head (FSDP2's fully_shard per layer)
@@ -169,15 +175,16 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
     total = per_step * steps
 
     devices = layout.devices
-    flops_dev = (fwd.flops + head.flops) * (1 if work.forward_only else 3) * m
+    flops_dev = (fwd.flops + head.flops / pp) * (1 if work.forward_only else 3) * m  # per device, on average
     if not work.forward_only and layout.recompute == "full":
         flops_dev += fwd.flops * m
     if work.forward_only:
-        mem = memory.inference_memory(spec, layout, seq_len=work.seq_len, micro_batch=mb_seqs)
+        mem = memory.inference_memory(spec, layout, seq_len=work.seq_len, micro_batch=mb_seqs,
+                                      value_head=work.value_head)
     else:
         mem = memory.training_memory(spec, layout, seq_len=work.seq_len, micro_batch=mb_seqs,
                                      value_head=work.value_head)
-    bubble_s = bubble_mbs * per_mb * steps
+    bubble_s = bubble_mbs * bubble_mb * steps
     comm_s = (m * (comm + p2p) + dp_s) * steps
     compute_s = (m * (compute + recompute_s)) * steps
     parts = (("compute", m * (compute - (3 if not work.forward_only else 1) * launch + recompute_s) * steps),
@@ -191,7 +198,7 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
              ("optimizer", opt_s * steps)) + tuple((k, s * steps) for k, s in host_parts)
     return StageCost(stage=name, seconds=total, compute_s=compute_s, memory_s=(opt_s + host_s) * steps, comm_s=comm_s,
                      overhead_s=bubble_s, flops=flops_dev * devices * steps / max(1, 1),
-                     bytes=(fwd.bytes + head.bytes) * m * devices * steps,
+                     bytes=(fwd.bytes + head.bytes / pp) * m * devices * steps,
                      peak_memory_bytes=mem.total, capacity_bytes=dev.hbm_capacity_bytes,
                      memory_parts=mem.parts(), devices=devices, microbatches=m * steps,
                      parts=tuple(p for p in parts if p[1] > 0))

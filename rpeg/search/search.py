@@ -20,7 +20,7 @@ from rpeg.graph import Graph, Kind, verify
 from rpeg.hardware.topology import Cluster
 from rpeg.passes.base import call_text
 from rpeg.perf.efficiency import gemm_efficiency
-from rpeg.perf.flops import expected_forward_flops, expected_train_flops
+from rpeg.perf.flops import expected_forward_flops, expected_generation_flops, expected_train_flops
 from rpeg.perf.stages import stage_cost
 from rpeg.perf.step import StepPrediction, _context_switch, predict_step
 from rpeg.search.layouts import LayoutCache, LayoutOptions, alternatives, apply_layouts
@@ -75,9 +75,12 @@ def stage_flops(graph: Graph, stage) -> float:
     spec = graph.model(stage.model).spec
     n = graph.stage_sequences(stage)
     job = graph.job
+    scalar = "lm" not in graph.model(stage.model).heads  # a value or score head, not the vocabulary's
     if stage.kind is Kind.TRAIN:
-        return stage.passes * n * expected_train_flops(spec, job.prompt_len, job.response)
-    return n * expected_forward_flops(spec, job.prompt_len, job.response)
+        return stage.passes * n * expected_train_flops(spec, job.prompt_len, job.response, value_head=scalar)
+    if stage.kind is Kind.GENERATE:
+        return n * expected_generation_flops(spec, job.prompt_len, job.response)
+    return n * expected_forward_flops(spec, job.prompt_len, job.response, value_head=scalar)
 
 
 def _lower_bound(graph: Graph, cluster: Cluster, flops: dict[str, float]) -> float:

@@ -46,3 +46,21 @@ def test_moe_counts_only_active_experts():
     per_token = forward_flops_per_token(moe, 0)
     assert per_token == pytest.approx(2 * moe.params_matmul_active())
     assert per_token < 2 * 0.15 * moe.params_total()  # ~3.3B active of 30.5B
+
+
+def test_generation_flops_are_the_layers_over_prompt_plus_r_minus_one_and_the_head_over_r():
+    """Hand count for fixed lengths: a prompt of p tokens and a response of r. The prefill runs the
+    layers over p tokens and the head over the last one (sampling token 1); r - 1 decode steps each
+    run the layers over one token (attending to p + 1 ... p + r - 1 positions) and the head. So the
+    layers see p + r - 1 tokens, attention sums c = 1 .. p + r - 1, and the head runs r times."""
+    from rpeg.graph import LengthDistribution
+    from rpeg.perf.flops import attention_flops_per_context_token, expected_generation_flops, head_flops_per_token
+    spec = get_model("qwen3-0.6B")
+    p, r = 100, 40
+    s = p + r - 1
+    layers = 2.0 * spec.params_matmul_active() - head_flops_per_token(spec)
+    attn = attention_flops_per_context_token(spec) * s * (s + 1) / 2
+    hand = layers * s + attn + head_flops_per_token(spec) * r
+    got = expected_generation_flops(spec, p, LengthDistribution.fixed(r))
+    assert got == pytest.approx(hand, rel=1e-12)
+    assert got < sequence_forward_flops(spec, p + r)

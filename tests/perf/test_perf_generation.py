@@ -62,9 +62,10 @@ def test_fixed_response_lengths():
 
 # ---- one engine instance ------------------------------------------------------------------------------
 @pytest.mark.parametrize("capacity", [1e12, math.inf])
-def test_fixed_length_job_without_kv_limit_takes_length_decode_steps(dgx, capacity):
+def test_fixed_length_job_without_kv_limit_takes_length_minus_one_decode_steps(dgx, capacity):
+    """The prefill samples the first of the 300 tokens; 299 decode steps sample the rest."""
     sim = simulate(dgx, [300.0] * 32, capacity, prompt=128)
-    assert sim["decode_steps"] == 300
+    assert sim["decode_steps"] == 299
     assert sim["preemptions"] == 0
     assert seconds(sim) > 0
 
@@ -72,14 +73,14 @@ def test_fixed_length_job_without_kv_limit_takes_length_decode_steps(dgx, capaci
 def test_more_sequences_than_max_num_seqs_run_in_waves(dgx):
     n = int(MAX_NUM_SEQS.value) + 1
     sim = simulate(dgx, [100.0] * n, 1e12, prompt=64)
-    assert sim["decode_steps"] == 200  # one sequence waits for the first 256 to finish
+    assert sim["decode_steps"] == 198  # one sequence waits for the first 256 to finish: 2 x 99
 
 
 @pytest.mark.parametrize("room", [1.0, 2.5, 1e6])  # KV capacity in units of the longest sequence
 def test_every_sequence_finishes(dgx, room):
     lengths = response_lengths(LOGNORMAL, 64)
     sim = simulate(dgx, lengths, room * (256 + max(lengths)))
-    assert sim["decode_steps"] >= max(lengths)
+    assert sim["decode_steps"] >= max(lengths) - 1
 
 
 def test_more_kv_capacity_never_makes_generation_slower(dgx):
@@ -97,8 +98,24 @@ def test_a_tiny_kv_cache_forces_preemptions_and_is_slower(dgx):
     tight = simulate(dgx, lengths, 2000, prompt=16)  # admits ~100 prompts, room for ~3 full sequences
     assert roomy["preemptions"] == 0
     assert tight["preemptions"] > 0
-    assert tight["decode_steps"] > roomy["decode_steps"] == 512
+    assert tight["decode_steps"] > roomy["decode_steps"] == 511
     assert seconds(tight) > seconds(roomy)
+
+
+def test_one_token_responses_take_no_decode_step_and_the_head_runs_once_per_prompt(dgx):
+    """A response of one token is sampled by the prefill: no decode step. The prefill's output head
+    runs on each sequence's last position only: a longer prompt adds the layers' work, not the
+    vocabulary head's (hand check: head FLOPs of 32 sequences, not 32 x prompt tokens)."""
+    sim = simulate(dgx, [1.0] * 32, 1e12, prompt=128)
+    assert sim["decode_steps"] == 0 and sim["decode"] == pytest.approx(0.0, abs=1e-12)
+    from rpeg.perf.compute import head_forward
+    from rpeg.perf.generation import _prefill_s
+    lay = Layout()
+    head = {n: head_forward(SMALL, dgx.device, tokens=n).seconds for n in (1.0, 4.0, 4096.0)}
+    layers = {n: _prefill_s(SMALL, lay, dgx, 4096.0, 4096.0 / n, "bf16", n) - head[n] for n in (1.0, 4.0)}
+    assert layers[1.0] > 0 and head[4096.0] > 10 * head[4.0]
+    # the same 4,096 tokens as 1 or 4 prompts: the layers' time differs only by attention context
+    assert layers[1.0] == pytest.approx(_prefill_s(SMALL, lay, dgx, 4096.0, 4096.0, "bf16", 1.0) - head[1.0])
 
 
 def test_a_sequence_larger_than_the_kv_cache_is_refused(dgx):

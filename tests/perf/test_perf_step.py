@@ -223,3 +223,25 @@ def test_only_cpu_local_as_several_devices_shares_cores(tmp_path, monkeypatch):
     two = load_cluster("cpu-local", 2)
     assert [d.description.startswith(w) for d, w in zip(two.sharing, ("this machine", "one of 2"))] == [True, True]
     assert two.sharing[-1] == two.device
+
+
+# ---- the critic's own weight cycle ------------------------------------------------------------------------
+def test_a_critic_split_across_groups_closes_a_one_step_cycle_the_simulator_agrees_with(dgx):
+    """PPO with the critic's forward on one group and its update on another: critic_values at step
+    t + 1 reads the weights critic_update writes at step t (distance 1), whatever generation's bound k.
+    The step can be no shorter than that path (critic_values -> advantages -> critic_update), which
+    the discrete-event simulator walks too; before, only generation's cycle over 1 + k steps was
+    counted (42.5 s against the simulator's 55 s on the issue's plan)."""
+    from rpeg.sim.executor import simulate
+    g = build_graph("ppo", JOB, Models(actor=SMALL, critic=get_model("qwen3-4B")))
+    g = place(g, {"gen": 4, "train": 2, "crit": 2}, default="train",
+              assign={"generate": "gen", "critic_values": "crit", "ref_logprobs": "crit"})
+    g = data_parallel(g)
+    for k in (1, 2):
+        gk = bound_asynchrony(g, k)
+        pred = predict_step(gk, dgx)
+        path = pred.schedule["critic_update"][1] - pred.schedule["critic_values"][0]
+        assert pred.step_s == pytest.approx(path, rel=1e-12)
+        assert "critic_values -> ... -> critic_update" in pred.bottleneck
+        assert pred.step_s > max(pred.group_busy_s.values())  # no group's load explains it
+        assert simulate(gk, dgx, steps=12).step_s == pytest.approx(pred.step_s, rel=1e-6)
