@@ -76,6 +76,8 @@ def summary() -> str:
     steps = sum(abs(r.error) for r in v03 if r.fits) / sum(r.fits for r in v03)
     st = stage_mapes(v03)
     ratios = ratios_file(files["peer-ratios"])
+    v06 = [r for r in validate_file(files["nemo-rl-v0.6"]) if r.fits]
+    v06_err = {k: [abs(r.error) for r in v06 if r.kind == k] for k in ("rl", "refit")}
     return (
         f"`rpeg validate published` (Megatron-LM training iterations from Korthikanti et al. 2022, NeMo-RL v0.5 "
         f"GRPO steps), with one global set of efficiency factors: mean absolute error {parts[0]} and {parts[1]}. "
@@ -85,7 +87,10 @@ def summary() -> str:
         f"{len(by_kind['dense'])} dense ones). On the {len(v03)} "
         f"NeMo-RL v0.3 steps with a published split per stage (`rpeg validate nemo-rl-v0.3-stages`) the step "
         f"error is {_pct(steps)} and the stage error {_pct(st['all'])} (generation {_pct(st['generation'])}, "
-        f"logprobs {_pct(st['logprobs'])}, training {_pct(st['training'])}, refit {_pct(st['refit'])}). Of the "
+        f"logprobs {_pct(st['logprobs'])}, training {_pct(st['training'])}, refit {_pct(st['refit'])}). On the "
+        f"{len(v06_err['rl'])} NeMo-RL v0.6 steps (`rpeg validate nemo-rl-v0.6`) the step error is "
+        f"{_pct(sum(v06_err['rl']) / len(v06_err['rl']))}, and on that file's {len(v06_err['refit'])} published "
+        f"weight syncs (NeMo-RL and verl) {_pct(sum(v06_err['refit']) / len(v06_err['refit']))}. Of the "
         f"{len(ratios)} published comparisons between systems (`rpeg validate peer-ratios`: HybridFlow, ReaL, "
         f"verl fully_async), {len(within(ratios))} are predicted within 0.75-1.33x of the published ratio. "
         "[docs/perf.md](docs/perf.md) has the tables and what dominates each error; `rpeg validate --all` "

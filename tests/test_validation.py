@@ -121,8 +121,9 @@ def test_validate_cli_errors_are_one_line(capsys, tmp_path):
     assert "malformed YAML" in err and err.count("\n") == 1
 
 
-def test_the_shipped_files_are_the_four_with_a_sources_section_each():
-    assert sorted(bundled()) == ["nemo-rl-v0.3-stages", "nemo-rl-v0.5-extra", "peer-ratios", "published"]
+def test_the_shipped_files_are_the_five_with_a_sources_section_each():
+    assert sorted(bundled()) == ["nemo-rl-v0.3-stages", "nemo-rl-v0.5-extra", "nemo-rl-v0.6", "peer-ratios",
+                                 "published"]
     sources = (BUNDLED_DIR / "SOURCES.md").read_text(encoding="utf-8")
     for path in bundled().values():
         assert f"## {path.name}\n" in sources, path.name
@@ -156,6 +157,7 @@ def test_validate_all_runs_every_shipped_file(capsys):
     assert code == 0
     assert sorted(files) == sorted(bundled())
     assert len(files["published"]["entries"]) == 11 and len(files["nemo-rl-v0.5-extra"]["entries"]) == 10
+    assert [e["kind"] for e in files["nemo-rl-v0.6"]["entries"]] == ["rl"] * 17 + ["refit"] * 12
     assert files["peer-ratios"]["ratios"] and not files["peer-ratios"]["entries"]
 
 

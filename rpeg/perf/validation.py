@@ -2,7 +2,8 @@
 
 RPEG ships its validation files in rpeg/data/validation (SOURCES.md there says where each figure
 was published); `bundled()` names them. Reads any file of their schema: `models` (ModelSpec fields),
-`training` entries (Megatron-LM iterations) and `rl` entries (whole RL steps), predicts each with
+`training` entries (Megatron-LM iterations), `rl` entries (whole RL steps) and `refit` entries (one
+weight sync each, read by rpeg/perf/validation_refit.py), predicts each with
 the one global set of efficiency factors, and reports predicted vs measured. It lives beside the
 model it checks; unlike the cost functions it reads a file, and it builds each RL entry's plan
 with the algorithm builders and passes (upstream of perf), never with the search.
@@ -33,14 +34,17 @@ from typing import Any
 
 from rpeg.algorithms import Models, build_graph
 from rpeg.errors import RpegError
-from rpeg.graph import Job, Kind, LengthDistribution, ModelSpec, ParallelLayout, get_model
-from rpeg.graph.bounds import MAX_COUNT, MAX_GPUS, MAX_SECONDS, MAX_TOKENS, problem, show
+from rpeg.graph import Job, Kind, LengthDistribution, ModelSpec, ParallelLayout
+from rpeg.graph.bounds import MAX_SECONDS, problem, show
 from rpeg.graph.serde import from_data, read_yaml_file
 from rpeg.hardware import load_cluster
 from rpeg.passes import bound_asynchrony, keep_reference_on_host, parallelize, place, refit
 from rpeg.perf.efficiency import Factor
 from rpeg.perf.step import SWITCH, predict_step
 from rpeg.perf.training import PassWorkload, pass_cost
+from rpeg.perf.validation_entry import (NEMO_RL_PAGEABLE, Result, StageResult, _check_keys, _get, _model, _need,
+                                        _value)
+from rpeg.perf.validation_refit import predict_refit
 from rpeg.perf.weightsync import ENGINE_SLEEP, ENGINE_WAKE, OFFLOAD_TRAINER, RELOAD_TRAINER
 
 PROMPT_TOKENS = Factor(150, "OpenMathInstruct-2 problems (GSM8K/MATH-style statements of ~100 words) plus a chat "
@@ -52,12 +56,6 @@ NEMO_RL_KL = Factor(0.01, "NeMo-RL's GRPO default reference_policy_kl_penalty (g
                           "logprob pass every step")
 NEMO_RL_ZERO = Factor(1, "NeMo-RL's Megatron policy uses the distributed optimizer (use_distributed_optimizer: "
                          "true in its Megatron configs): optimizer state sharded over data parallelism, ZeRO-1")
-# NeMo-RL's Megatron worker moves the optimizer state with a blocking `v.to("cpu")` before the refit and
-# `v.to("cuda")` before training (megatron_policy_worker.py move_optimizer; offload_optimizer_for_refit is
-# on by default; the code since June 2025, before v0.3): pageable copies, at efficiency.PAGEABLE_*; its
-# weights go through Megatron-Core's param_and_grad_buffer.offload_to_cpu, a pinned buffer kept from the
-# first offload (rpeg/perf/offload.py)
-NEMO_RL_PAGEABLE = ("optimizer",)
 NEMO_RL_LOGPROB_BATCH = Factor(4, "NeMo-RL's default policy.logprob_batch_size (grpo_math_1B.yaml at v0.5.0, the "
                                    "8B/70B/30B-A3B Megatron configs at v0.3.0): with sequence packing a logprob "
                                    "micro-batch holds 4 x max_total_sequence_length tokens")
@@ -84,37 +82,6 @@ _BY_KIND = {Kind.GENERATE: "generation", Kind.INFER: "logprobs", Kind.TRAIN: "tr
 _SWITCH_MOVES = {OFFLOAD_TRAINER: "refit", ENGINE_WAKE: "refit", ENGINE_SLEEP: "generation", RELOAD_TRAINER: "other"}
 
 
-@dataclass(frozen=True, slots=True)
-class StageResult:
-    stage: str  # one of STAGES_S
-    predicted: float
-    measured: float
-
-    @property
-    def error(self) -> float | None:
-        return (self.predicted - self.measured) / self.measured if self.measured > 0 else None
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    id: str
-    kind: str  # training | rl
-    predicted: float  # seconds; inf when the model predicts the entry does not fit in memory
-    measured: float
-    parts: tuple[tuple[str, float], ...]
-    note: str = ""
-    stages: tuple[StageResult, ...] = ()  # the stages the entry's measurement splits out
-
-    @property
-    def fits(self) -> bool:
-        return math.isfinite(self.predicted)
-
-    @property
-    def error(self) -> float | None:
-        """(predicted - measured) / measured; None when the model says the entry does not fit."""
-        return (self.predicted - self.measured) / self.measured if self.fits else None
-
-
 def _models(data: Any, source: str) -> dict[str, ModelSpec]:
     models = {}
     if data is not None and not isinstance(data, dict):
@@ -129,53 +96,6 @@ def _models(data: Any, source: str) -> dict[str, ModelSpec]:
             d.setdefault("tied_embeddings", True)
         models[name.lower()] = from_data(ModelSpec, {"name": name, **d}, f"{source}: models.{name}")
     return models
-
-
-def _model(name: str, models: dict[str, ModelSpec]) -> ModelSpec:
-    return models.get(str(name).lower()) or get_model(str(name))
-
-
-def _check_keys(entry: dict, allowed: set[str], where: str) -> None:
-    unknown = sorted(set(entry) - allowed)
-    if unknown:
-        raise RpegError(f"{where}: unknown key {unknown[0]!r}")
-
-
-def _need(entry: dict, key: str, where: str, kind=int) -> Any:
-    if key not in entry:
-        raise RpegError(f"{where}: missing {key!r}")
-    return _value(entry, key, where, kind)
-
-
-def _get(entry: dict, key: str, where: str, default: Any, kind=int) -> Any:
-    return _value(entry, key, where, kind) if key in entry else default
-
-
-def _value(entry: dict, key: str, where: str, kind) -> Any:
-    """entry[key] of the right type; counts and measurements must be positive (and finite)."""
-    value = entry[key]
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise RpegError(f"{where}.{key}: expected an integer, got {value!r}")
-    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise RpegError(f"{where}.{key}: expected a number, got {value!r}")
-    if kind is str and not isinstance(value, str):
-        raise RpegError(f"{where}.{key}: expected a name, got {value!r}")
-    if kind in (int, float):
-        bad = problem(key, value, positive=True, maximum=_maximum(key))
-        if bad:
-            raise RpegError(f"{where}.{key}: {bad}")
-    return value
-
-
-def _maximum(key: str) -> float:
-    """The largest value a validation-file number may take (each well above any published run)."""
-    if key.endswith("_s"):
-        return MAX_SECONDS
-    if key in ("gpus", "gpus_per_node", "gen_gpus"):
-        return MAX_GPUS
-    if key.endswith("seq_len") or key in ("seq", "prompt_len"):
-        return MAX_TOKENS
-    return MAX_COUNT
 
 
 def predict_training(entry: dict, models: dict[str, ModelSpec], where: str) -> Result:
@@ -390,26 +310,25 @@ def validate_file(path: str, progress=None) -> list[Result]:
 
 
 def validate_data(data: Any, path: str, progress=None) -> list[Result]:
-    """The training and rl entries of a parsed validation file (`path` names it in messages)."""
+    """The training, rl and refit entries of a parsed validation file (`path` names it in messages)."""
     if not isinstance(data, dict):
-        raise RpegError(f"{path}: expected a mapping with models, training, rl and ratios")
-    unknown = sorted(set(data) - {"models", "training", "rl", "ratios"}, key=str)
+        raise RpegError(f"{path}: expected a mapping with models, training, rl, refit and ratios")
+    unknown = sorted(set(data) - {"models", "training", "rl", "refit", "ratios"}, key=str)
     if unknown:  # `ratios` (comparisons between systems) are read by rpeg.search.ratios
-        raise RpegError(f"{path}: unknown top-level key {unknown[0]!r} (models, training, rl, ratios)")
+        raise RpegError(f"{path}: unknown top-level key {unknown[0]!r} (models, training, rl, refit, ratios)")
+    predict = {"training": predict_training, "rl": predict_rl, "refit": predict_refit}
     models = _models(data.get("models"), path)
-    for kind in ("training", "rl"):
+    for kind in predict:
         if data.get(kind) is not None and not isinstance(data[kind], list):
             raise RpegError(f"{path}: {kind}: expected a list of entries")
     results = []
-    entries = [("training", i, e) for i, e in enumerate(data.get("training") or [])] + [
-        ("rl", i, e) for i, e in enumerate(data.get("rl") or [])]
+    entries = [(kind, i, e) for kind in predict for i, e in enumerate(data.get(kind) or [])]
     for kind, i, entry in entries:
         where = f"{path}: {kind}[{i}]" + (f" ({entry.get('id')})" if isinstance(entry, dict) else "")
         if not isinstance(entry, dict) or "id" not in entry:
             raise RpegError(f"{where}: expected a mapping with an id")
         try:
-            results.append(predict_training(entry, models, where) if kind == "training"
-                           else predict_rl(entry, models, where))
+            results.append(predict[kind](entry, models, where))
         except RpegError as e:
             msg = str(e)
             raise RpegError(msg if msg.startswith(path) else f"{where}: {msg}") from None
@@ -441,7 +360,7 @@ def mape(results: list[Result]) -> float | None:
 
 def summary(results: list[Result]) -> dict[str, float | None]:
     out = {"all": mape(results)}
-    for kind in ("training", "rl"):
+    for kind in ("training", "rl", "refit"):
         sub = [r for r in results if r.kind == kind]
         if sub:
             out[kind] = mape(sub)
