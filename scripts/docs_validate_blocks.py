@@ -43,14 +43,14 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def _moe_ids(path: str) -> set[str]:
-    """The ids of a validation file's rl entries whose model is a mixture of experts."""
+def _moe_ids(path: str, kind: str = "rl") -> set[str]:
+    """The ids of a validation file's `kind` entries whose model is a mixture of experts."""
     from rpeg.graph.serde import read_yaml_file
     from rpeg.perf.validation import _model, _models
 
     data = read_yaml_file(path)
     models = _models(data.get("models"), path)
-    return {e["id"] for e in data.get("rl") or [] if _model(e["model"], models).experts}
+    return {e["id"] for e in data.get(kind) or [] if _model(e["model"], models).experts}
 
 
 def summary() -> str:
@@ -76,6 +76,11 @@ def summary() -> str:
     steps = sum(abs(r.error) for r in v03 if r.fits) / sum(r.fits for r in v03)
     st = stage_mapes(v03)
     ratios = ratios_file(files["peer-ratios"])
+    bridge = validate_file(files["megatron-bridge"])
+    fit = [r for r in bridge if r.fits]
+    moe_train = _moe_ids(files["megatron-bridge"], "training")
+    b_moe = [abs(r.error) for r in fit if r.id in moe_train]
+    b_dense = [abs(r.error) for r in fit if r.id not in moe_train]
     return (
         f"`rpeg validate published` (Megatron-LM training iterations from Korthikanti et al. 2022, NeMo-RL v0.5 "
         f"GRPO steps), with one global set of efficiency factors: mean absolute error {parts[0]} and {parts[1]}. "
@@ -88,6 +93,11 @@ def summary() -> str:
         f"logprobs {_pct(st['logprobs'])}, training {_pct(st['training'])}, refit {_pct(st['refit'])}). Of the "
         f"{len(ratios)} published comparisons between systems (`rpeg validate peer-ratios`: HybridFlow, ReaL, "
         f"verl fully_async), {len(within(ratios))} are predicted within 0.75-1.33x of the published ratio. "
+        f"On the {len(bridge)} Megatron-Core training iterations published for Megatron-Bridge (`rpeg validate "
+        f"megatron-bridge`: dense and MoE, H100, B200 and GB200, RL-sized batches and 32K sequences) it is "
+        f"{_pct(sum(abs(r.error) for r in fit) / len(fit))} over the {len(fit)} predicted to fit "
+        f"({_pct(sum(b_moe) / len(b_moe))} on the {len(b_moe)} MoE rows, {_pct(sum(b_dense) / len(b_dense))} on "
+        f"the {len(b_dense)} dense ones; {len(bridge) - len(fit)} are predicted out of memory). "
         "[docs/perf.md](docs/perf.md) has the tables and what dominates each error; `rpeg validate --all` "
         "prints them all. (This paragraph is written by `scripts/docs_validate_blocks.py`, and a test "
         "checks it is current.)\n")
