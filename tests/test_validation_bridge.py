@@ -134,3 +134,13 @@ def test_options_the_model_reads_change_the_prediction():
 def test_a_row_predicted_out_of_memory_is_named_not_scored():
     r = _one("", ROW.replace("model: Qwen/Qwen3-30B-A3B", "model: deepseek-v3"))[0]
     assert not r.fits and r.error is None and math.isinf(r.predicted) and r.note.startswith("OOM: ")
+
+
+def test_json_carries_the_notes(capsys):
+    import json
+
+    assert main(["validate", "megatron-bridge", "--json"]) == 3  # some rows are predicted out of memory
+    entries = {e["id"]: e for e in json.loads(capsys.readouterr().out)["entries"]}
+    assert entries["qwen3-30b-a3b-h100-pretrain-tuned"]["note"] == (
+        "routing balanced, cuda_graphs partial, dispatcher hybridep, ep_overlap")
+    assert "note" not in entries["qwen3-8b-h100-pretrain"]
