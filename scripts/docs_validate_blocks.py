@@ -76,9 +76,9 @@ def summary() -> str:
     steps = sum(abs(r.error) for r in v03 if r.fits) / sum(r.fits for r in v03)
     st = stage_mapes(v03)
     ratios = ratios_file(files["peer-ratios"])
-    bridge = validate_file(files["megatron-bridge"])
+    bridge = validate_file(files["megatron-bridge"]) + validate_file(files["megatron-lm-moe-recipes"])
     fit = [r for r in bridge if r.fits]
-    moe_train = _moe_ids(files["megatron-bridge"], "training")
+    moe_train = _moe_ids(files["megatron-bridge"], "training") | _moe_ids(files["megatron-lm-moe-recipes"], "training")
     b_moe = [abs(r.error) for r in fit if r.id in moe_train]
     b_dense = [abs(r.error) for r in fit if r.id not in moe_train]
     return (
@@ -93,8 +93,9 @@ def summary() -> str:
         f"logprobs {_pct(st['logprobs'])}, training {_pct(st['training'])}, refit {_pct(st['refit'])}). Of the "
         f"{len(ratios)} published comparisons between systems (`rpeg validate peer-ratios`: HybridFlow, ReaL, "
         f"verl fully_async), {len(within(ratios))} are predicted within 0.75-1.33x of the published ratio. "
-        f"On the {len(bridge)} Megatron-Core training iterations published for Megatron-Bridge (`rpeg validate "
-        f"megatron-bridge`: dense and MoE, H100, B200 and GB200, RL-sized batches and 32K sequences) it is "
+        f"On the {len(bridge)} Megatron-Core training iterations NVIDIA published for Megatron-Bridge and "
+        f"Megatron-LM's MoE recipes (`rpeg validate megatron-bridge`, `megatron-lm-moe-recipes`: dense and MoE, "
+        f"H100, B200 and GB200, RL-sized batches and 32K sequences) it is "
         f"{_pct(sum(abs(r.error) for r in fit) / len(fit))} over the {len(fit)} predicted to fit "
         f"({_pct(sum(b_moe) / len(b_moe))} on the {len(b_moe)} MoE rows, {_pct(sum(b_dense) / len(b_dense))} on "
         f"the {len(b_dense)} dense ones; {len(bridge) - len(fit)} are predicted out of memory). "

@@ -121,9 +121,9 @@ def test_validate_cli_errors_are_one_line(capsys, tmp_path):
     assert "malformed YAML" in err and err.count("\n") == 1
 
 
-def test_the_shipped_files_are_the_five_with_a_sources_section_each():
-    assert sorted(bundled()) == ["megatron-bridge", "nemo-rl-v0.3-stages", "nemo-rl-v0.5-extra", "peer-ratios",
-                                 "published"]
+def test_the_shipped_files_are_the_six_with_a_sources_section_each():
+    assert sorted(bundled()) == ["megatron-bridge", "megatron-lm-moe-recipes", "nemo-rl-v0.3-stages",
+                                 "nemo-rl-v0.5-extra", "peer-ratios", "published"]
     sources = (BUNDLED_DIR / "SOURCES.md").read_text(encoding="utf-8")
     for path in bundled().values():
         assert f"## {path.name}\n" in sources, path.name
@@ -155,7 +155,8 @@ def test_validate_all_runs_every_shipped_file(capsys):
     code = main(["validate", "--all", "--json"])
     files = json.loads(capsys.readouterr().out)["files"]
     # 3: some measured Megatron-Bridge runs are predicted out of memory (tests/test_validation_bridge.py)
-    assert code == 3 and [k for k, f in files.items() if f["not_fitting"]] == ["megatron-bridge"]
+    assert code == 3 and [k for k, f in files.items() if f["not_fitting"]] == ["megatron-bridge",
+                                                                             "megatron-lm-moe-recipes"]
     assert sorted(files) == sorted(bundled())
     assert len(files["published"]["entries"]) == 11 and len(files["nemo-rl-v0.5-extra"]["entries"]) == 10
     assert files["peer-ratios"]["ratios"] and not files["peer-ratios"]["entries"]
@@ -171,7 +172,7 @@ def test_validate_all_prints_a_heading_per_file(capsys):
 @pytest.mark.parametrize("argv, needle", [
     (["validate"], "not neither"),
     (["validate", "published", "--all"], "not both"),
-    (["validate", "nonesuch"], "ships no validation file of that name (megatron-bridge, nemo-rl-v0.3-stages, "),
+    (["validate", "nonesuch"], "ships no validation file of that name (megatron-bridge, megatron-lm-moe-recipes, "),
     (["validate", "no/such.yaml"], "cannot read no/such.yaml"),
 ])
 def test_validate_names_are_checked(capsys, argv, needle):

@@ -1,7 +1,8 @@
-"""The Megatron-Bridge training rows (rpeg/data/validation/megatron-bridge.yaml) and the training
-options they need: every row parses and predicts, or is named as not fitting with its memory and
-the time it would take; each option's bad values are refused in one line naming key, value and the
-allowed values; the options the cost model has no mechanism for change no prediction."""
+"""The Megatron-Core training rows (rpeg/data/validation/megatron-bridge.yaml and
+megatron-lm-moe-recipes.yaml) and the training options they need: every row parses and predicts,
+or is named as not fitting with its memory and the time it would take; each option's bad values
+are refused in one line naming key, value and the allowed values; the options the cost model has
+no mechanism for change no prediction."""
 
 from __future__ import annotations
 
@@ -16,13 +17,18 @@ from rpeg.perf.validation import IGNORED_OPTIONS, bundled, validate_data, valida
 BRIDGE = bundled()["megatron-bridge"]
 
 
+RECIPES = bundled()["megatron-lm-moe-recipes"]
+
+
 @pytest.fixture(scope="module")
 def rows():
     return validate_file(str(BRIDGE))
 
 
-def test_every_row_predicts_or_says_why_it_does_not_fit(rows):
-    assert len(rows) >= 30 and len({r.id for r in rows}) == len(rows)
+@pytest.mark.parametrize("name, at_least", [("megatron-bridge", 30), ("megatron-lm-moe-recipes", 8)])
+def test_every_row_predicts_or_says_why_it_does_not_fit(name, at_least):
+    rows = validate_file(str(bundled()[name]))
+    assert len(rows) >= at_least and len({r.id for r in rows}) == len(rows)
     for r in rows:
         assert r.kind == "training" and r.measured > 0
         if r.fits:
@@ -52,6 +58,12 @@ def test_the_measured_iteration_follows_from_a_published_throughput(rows):
     by_id = {r.id: r for r in rows}
     r = by_id["s2511-llama3-8b-h100-fp8-fsdp"]
     assert r.measured == pytest.approx(128 * 8192 / (14451 * 8))
+
+
+def test_the_measured_iteration_follows_from_published_tflops_and_flops_per_token():
+    """A recipe row gives model TFLOP/s only: iteration = global_batch x seq x GFLOP/token / (TFLOP/s x gpus)."""
+    r = next(r for r in validate_file(str(RECIPES)) if r.id == "mlm-qwen3-30b-a3b-h100-bf16")
+    assert r.measured == pytest.approx(256 * 4096 * 23.00e9 / (240.5e12 * 32))
 
 
 ROW = ("{id: r, system: dgx-h100, model: Qwen/Qwen3-30B-A3B, gpus: 16, tp: 1, pp: 1, dp: 16, ep: 16, "
@@ -84,6 +96,8 @@ def _one(extra: str = "", row: str = ROW):
     (", measured_tokens_per_s_per_gpu: -1", ".measured_tokens_per_s_per_gpu: measured_tokens_per_s_per_gpu = -1"),
     (", measured_model_tflops_per_gpu: .nan", "measured_model_tflops_per_gpu = nan must be a finite number"),
     (", cuda_graph: full", "unknown key 'cuda_graph'"),
+    (", model_gflop_per_token: 23", ".model_gflop_per_token: only for an entry whose one measurement is"),
+    (", model_gflop_per_token: 0", ".model_gflop_per_token: model_gflop_per_token = 0 must be positive"),
 ])
 def test_bad_option_values_are_refused_by_name(extra, needle):
     with pytest.raises(RpegError) as info:
@@ -98,6 +112,7 @@ def test_bad_option_values_are_refused_by_name(extra, needle):
     (ROW.replace("ep: 16,", "ep: 1,"), ".ep_overlap: true needs ep > 1"),
     (ROW.replace("global_batch: 64", "global_batch: 40"), "global_batch = 40 is not a whole number of micro-batches"),
     (ROW.replace("measured_iteration_s: 2.0", "notes: x"), "missing 'measured_iteration_s'"),
+    (ROW.replace("measured_iteration_s: 2.0", "measured_model_tflops_per_gpu: 200"), "missing 'measured_iteration_s'"),
 ])
 def test_inconsistent_rows_are_refused(row, needle):
     extra = ", routing: natural" if "has no experts" in needle else ", ep_overlap: true" if "ep > 1" in needle else ""

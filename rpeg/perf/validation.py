@@ -70,7 +70,8 @@ GEN_LAYOUT_KEYS = {"tp", "pp", "ep"}
 
 TRAIN_KEYS = {"id", "system", "model", "gpus", "tp", "pp", "dp", "cp", "ep", "global_batch", "micro_batch", "seq",
               "recompute", "pp_interleave", "measured_iteration_s", "sequence_parallel", "notes", "source",
-              "measured_tokens_per_s_per_gpu", "measured_model_tflops_per_gpu", "etp", "zero", "offload_optimizer",
+              "measured_tokens_per_s_per_gpu", "measured_model_tflops_per_gpu", "model_gflop_per_token", "etp", "zero",
+              "offload_optimizer",
               "dtype", "flash_attention", "routing", "cuda_graphs", "dispatcher", "ep_overlap", "packing"}
 # A training entry's named options: key -> (allowed values, what it means). The first four reach the
 # cost model (PassWorkload / ParallelLayout); the others it has no mechanism for yet: they are checked,
@@ -235,12 +236,21 @@ def _conditions(entry: dict, spec: ModelSpec, tp: int, ep: int, where: str) -> t
 
 def _measured_iteration(entry: dict, tokens: int, gpus: int, where: str) -> float:
     """measured_iteration_s, or the iteration that measured_tokens_per_s_per_gpu implies (global_batch x
-    seq tokens per iteration); both given must agree within TOKENS_CHECK."""
+    seq tokens per iteration), or, where only model TFLOP/s were published, the iteration that
+    measured_model_tflops_per_gpu implies with the publication's own FLOPs per token
+    (model_gflop_per_token); an iteration time and a throughput both given must agree within TOKENS_CHECK."""
     given = "measured_iteration_s" in entry, "measured_tokens_per_s_per_gpu" in entry
+    tflops = _value(entry, "measured_model_tflops_per_gpu", where, float) if (
+        "measured_model_tflops_per_gpu" in entry) else None
+    per_token = _value(entry, "model_gflop_per_token", where, float) if "model_gflop_per_token" in entry else None
+    if per_token is not None and (tflops is None or any(given)):
+        raise RpegError(f"{where}.model_gflop_per_token: only for an entry whose one measurement is "
+                        "measured_model_tflops_per_gpu (it turns that into an iteration time)")
     if not any(given):
-        raise RpegError(f"{where}: missing 'measured_iteration_s' (or 'measured_tokens_per_s_per_gpu')")
-    if "measured_model_tflops_per_gpu" in entry:
-        _value(entry, "measured_model_tflops_per_gpu", where, float)
+        if tflops is not None and per_token is not None:
+            return tokens * per_token * 1e9 / (tflops * 1e12 * gpus)
+        raise RpegError(f"{where}: missing 'measured_iteration_s' (or 'measured_tokens_per_s_per_gpu', or "
+                        "'measured_model_tflops_per_gpu' with 'model_gflop_per_token')")
     implied = None
     if given[1]:
         rate = _value(entry, "measured_tokens_per_s_per_gpu", where, float)
