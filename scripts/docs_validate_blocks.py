@@ -43,14 +43,14 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def _moe_ids(path: str) -> set[str]:
-    """The ids of a validation file's rl entries whose model is a mixture of experts."""
+def _moe_ids(path: str, kind: str = "rl") -> set[str]:
+    """The ids of a validation file's `kind` entries whose model is a mixture of experts."""
     from rpeg.graph.serde import read_yaml_file
     from rpeg.perf.validation import _model, _models
 
     data = read_yaml_file(path)
     models = _models(data.get("models"), path)
-    return {e["id"] for e in data.get("rl") or [] if _model(e["model"], models).experts}
+    return {e["id"] for e in data.get(kind) or [] if _model(e["model"], models).experts}
 
 
 def summary() -> str:
@@ -78,6 +78,11 @@ def summary() -> str:
     ratios = ratios_file(files["peer-ratios"])
     v06 = [r for r in validate_file(files["nemo-rl-v0.6"]) if r.fits]
     v06_err = {k: [abs(r.error) for r in v06 if r.kind == k] for k in ("rl", "refit")}
+    bridge = validate_file(files["megatron-bridge"]) + validate_file(files["megatron-lm-moe-recipes"])
+    fit = [r for r in bridge if r.fits]
+    moe_train = _moe_ids(files["megatron-bridge"], "training") | _moe_ids(files["megatron-lm-moe-recipes"], "training")
+    b_moe = [abs(r.error) for r in fit if r.id in moe_train]
+    b_dense = [abs(r.error) for r in fit if r.id not in moe_train]
     return (
         f"`rpeg validate published` (Megatron-LM training iterations from Korthikanti et al. 2022, NeMo-RL v0.5 "
         f"GRPO steps), with one global set of efficiency factors: mean absolute error {parts[0]} and {parts[1]}. "
@@ -93,6 +98,12 @@ def summary() -> str:
         f"weight syncs (NeMo-RL and verl) {_pct(sum(v06_err['refit']) / len(v06_err['refit']))}. Of the "
         f"{len(ratios)} published comparisons between systems (`rpeg validate peer-ratios`: HybridFlow, ReaL, "
         f"verl fully_async), {len(within(ratios))} are predicted within 0.75-1.33x of the published ratio. "
+        f"On the {len(bridge)} Megatron-Core training iterations NVIDIA published for Megatron-Bridge and "
+        f"Megatron-LM's MoE recipes (`rpeg validate megatron-bridge`, `megatron-lm-moe-recipes`: dense and MoE, "
+        f"H100, B200 and GB200, RL-sized batches and 32K sequences) it is "
+        f"{_pct(sum(abs(r.error) for r in fit) / len(fit))} over the {len(fit)} predicted to fit "
+        f"({_pct(sum(b_moe) / len(b_moe))} on the {len(b_moe)} MoE rows, {_pct(sum(b_dense) / len(b_dense))} on "
+        f"the {len(b_dense)} dense ones; {len(bridge) - len(fit)} are predicted out of memory). "
         "[docs/perf.md](docs/perf.md) has the tables and what dominates each error; `rpeg validate --all` "
         "prints them all. (This paragraph is written by `scripts/docs_validate_blocks.py`, and a test "
         "checks it is current.)\n")

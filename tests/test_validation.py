@@ -121,9 +121,9 @@ def test_validate_cli_errors_are_one_line(capsys, tmp_path):
     assert "malformed YAML" in err and err.count("\n") == 1
 
 
-def test_the_shipped_files_are_the_five_with_a_sources_section_each():
-    assert sorted(bundled()) == ["nemo-rl-v0.3-stages", "nemo-rl-v0.5-extra", "nemo-rl-v0.6", "peer-ratios",
-                                 "published"]
+def test_the_shipped_files_are_the_seven_with_a_sources_section_each():
+    assert sorted(bundled()) == ["megatron-bridge", "megatron-lm-moe-recipes", "nemo-rl-v0.3-stages",
+                                 "nemo-rl-v0.5-extra", "nemo-rl-v0.6", "peer-ratios", "published"]
     sources = (BUNDLED_DIR / "SOURCES.md").read_text(encoding="utf-8")
     for path in bundled().values():
         assert f"## {path.name}\n" in sources, path.name
@@ -154,7 +154,9 @@ def test_a_users_file_wins_over_a_shipped_name(capsys, monkeypatch, tmp_path):
 def test_validate_all_runs_every_shipped_file(capsys):
     code = main(["validate", "--all", "--json"])
     files = json.loads(capsys.readouterr().out)["files"]
-    assert code == 0
+    # 3: some measured Megatron-Bridge runs are predicted out of memory (tests/test_validation_bridge.py)
+    assert code == 3 and [k for k, f in files.items() if f["not_fitting"]] == ["megatron-bridge",
+                                                                             "megatron-lm-moe-recipes"]
     assert sorted(files) == sorted(bundled())
     assert len(files["published"]["entries"]) == 11 and len(files["nemo-rl-v0.5-extra"]["entries"]) == 10
     assert [e["kind"] for e in files["nemo-rl-v0.6"]["entries"]] == ["rl"] * 17 + ["refit"] * 12
@@ -162,7 +164,7 @@ def test_validate_all_runs_every_shipped_file(capsys):
 
 
 def test_validate_all_prints_a_heading_per_file(capsys):
-    assert main(["validate", "--all"]) == 0
+    assert main(["validate", "--all"]) == 3  # as above
     out = capsys.readouterr().out
     assert [line for line in out.splitlines() if line.startswith("== ")] == [
         f"== {name} ({path.name}) ==" for name, path in bundled().items()]
@@ -171,7 +173,7 @@ def test_validate_all_prints_a_heading_per_file(capsys):
 @pytest.mark.parametrize("argv, needle", [
     (["validate"], "not neither"),
     (["validate", "published", "--all"], "not both"),
-    (["validate", "nonesuch"], "ships no validation file of that name (nemo-rl-v0.3-stages, nemo-rl-v0.5-extra, "),
+    (["validate", "nonesuch"], "ships no validation file of that name (megatron-bridge, megatron-lm-moe-recipes, "),
     (["validate", "no/such.yaml"], "cannot read no/such.yaml"),
 ])
 def test_validate_names_are_checked(capsys, argv, needle):

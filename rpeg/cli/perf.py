@@ -143,6 +143,8 @@ def _validate(path: str, as_json: bool) -> tuple[int, dict | None]:
         for r in results:
             e = {"id": r.id, "kind": r.kind, "predicted": r.predicted if r.fits else None, "measured": r.measured,
                  "error": r.error, "fits": r.fits, "parts": dict(r.parts)}
+            if r.note:  # out of memory, and the run conditions the model does not read
+                e["note"] = r.note
             if r.stages:
                 e["stages"] = {s.stage: {"predicted": s.predicted, "measured": s.measured, "error": s.error}
                                for s in r.stages}

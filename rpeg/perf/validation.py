@@ -12,8 +12,12 @@ An entry the model predicts not to fit in memory has no error (a run that did ru
 impossible: a memory-model error, reported by name); mean errors are over the entries that fit.
 
 Assumptions the schema leaves open, the same for every entry:
-- Megatron-LM 2022 training entries ran unfused attention (their Table 5 predates FlashAttention
-  in Megatron), fp16, with the distributed optimizer off (dp = 1 in every row).
+- training entries default to what Megatron-LM 2022 ran: unfused attention (their Table 5
+  predates FlashAttention in Megatron), fp16, the distributed optimizer off (dp = 1 in every row);
+  an entry of another stack says `dtype`, `flash_attention` and `zero` (TRAIN_OPTIONS).
+- training entries' run conditions that the cost model has no mechanism for yet (`routing`,
+  `cuda_graphs`, `dispatcher`, `ep_overlap`, `packing`, and `etp` beyond its check) are parsed,
+  checked and printed with the entry's result (its note), and change no prediction.
 - RL entries: GRPO as NeMo-RL runs it: generation, policy logprobs, reference logprobs (its GRPO
   default reference_policy_kl_penalty is 0.01), training, refit; Megatron's distributed optimizer
   (ZeRO-1) for training, its optimizer state moved to the host and back around generation through
@@ -63,7 +67,26 @@ TRAIN_LAYOUT_KEYS = {"tp", "pp", "cp", "ep", "sequence_parallel", "recompute", "
 GEN_LAYOUT_KEYS = {"tp", "pp", "ep"}
 
 TRAIN_KEYS = {"id", "system", "model", "gpus", "tp", "pp", "dp", "cp", "ep", "global_batch", "micro_batch", "seq",
-              "recompute", "pp_interleave", "measured_iteration_s", "sequence_parallel", "notes", "source"}
+              "recompute", "pp_interleave", "measured_iteration_s", "sequence_parallel", "notes", "source",
+              "measured_tokens_per_s_per_gpu", "measured_model_tflops_per_gpu", "model_gflop_per_token", "etp", "zero",
+              "offload_optimizer",
+              "dtype", "flash_attention", "routing", "cuda_graphs", "dispatcher", "ep_overlap", "packing"}
+# A training entry's named options: key -> (allowed values, what it means). The first four reach the
+# cost model (PassWorkload / ParallelLayout); the others it has no mechanism for yet: they are checked,
+# printed beside the result, and change nothing.
+TRAIN_OPTIONS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "dtype": (("fp16", "bf16", "fp8"), "compute precision of the GEMMs (fp8: FP8 tensor-core rate, any scaling)"),
+    "flash_attention": ((False, True), "a fused attention kernel (TE / FlashAttention) instead of Megatron-2022's"),
+    "recompute": (("none", "selective", "full"), "activation recomputation"),
+    "sequence_parallel": ((False, True), "Megatron sequence parallelism along tp"),
+    "routing": (("balanced", "natural"), "MoE routing: forced load balance (benchmarks) or the learned router"),
+    "cuda_graphs": (("none", "partial", "full"), "CUDA graphs: off, scoped to some modules, or the whole iteration"),
+    "dispatcher": (("alltoall", "allgather", "deepep", "hybridep"), "MoE token dispatcher (flex backends by name)"),
+    "ep_overlap": ((False, True), "expert-parallel all-to-all overlapped with another micro-batch's compute"),
+    "packing": ((False, True), "several documents packed into each seq-long sample (attention per document)"),
+}
+IGNORED_OPTIONS = ("routing", "cuda_graphs", "dispatcher", "ep_overlap", "packing")
+TOKENS_CHECK = 0.05  # measured_iteration_s and measured_tokens_per_s_per_gpu, both given, agree this closely
 RL_KEYS = {"id", "system", "model", "gpus", "gpus_per_node", "gen_gpus", "prompts", "samples_per_prompt",
            "train_global_batch", "max_seq_len", "mean_seq_len", "async_bound", "colocated", "generation", "training",
            "measured", "notes", "source", "algorithm", "prompt_len"}
@@ -98,7 +121,72 @@ def _models(data: Any, source: str) -> dict[str, ModelSpec]:
     return models
 
 
+def _option(entry: dict, key: str, where: str, default: Any) -> Any:
+    """A named option of TRAIN_OPTIONS: one of its allowed values (booleans as true / false)."""
+    if key not in entry:
+        return default
+    allowed, meaning = TRAIN_OPTIONS[key]
+    value = entry[key]
+    if not any(value is a if isinstance(a, bool) else (not isinstance(value, bool) and value == a) for a in allowed):
+        names = ", ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in allowed)
+        raise RpegError(f"{where}.{key}: {value!r:.80} is not one of {names} ({meaning})")
+    return value
+
+
+def _conditions(entry: dict, spec: ModelSpec, tp: int, ep: int, where: str) -> tuple[int, str]:
+    """The entry's expert tensor parallelism, checked, and its ignored run conditions as a note."""
+    etp = _get(entry, "etp", where, 1)
+    if etp not in (1, tp):
+        raise RpegError(f"{where}.etp: {etp} must be 1 or tp = {tp} (experts split over the tensor-parallel "
+                        "ranks, or not); the cost model splits experts as ep > 1 implies and reads no other etp")
+    moe_only = [k for k in ("routing", "dispatcher", "ep_overlap", "etp") if k in entry and not spec.is_moe]
+    if moe_only:
+        raise RpegError(f"{where}.{moe_only[0]}: {spec.name} has no experts; {moe_only[0]} applies to MoE models only")
+    if entry.get("ep_overlap") and ep == 1:
+        raise RpegError(f"{where}.ep_overlap: true needs ep > 1 (there is no expert-parallel all-to-all to overlap)")
+    shown = []
+    for key in IGNORED_OPTIONS:
+        value = _option(entry, key, where, None)
+        if value is not None:
+            shown.append(key if value is True else f"no {key}" if value is False else f"{key} {value}")
+    if etp > 1:
+        shown.append(f"etp {etp}")
+    return etp, ", ".join(shown)
+
+
+def _measured_iteration(entry: dict, tokens: int, gpus: int, where: str) -> float:
+    """measured_iteration_s, or the iteration that measured_tokens_per_s_per_gpu implies (global_batch x
+    seq tokens per iteration), or, where only model TFLOP/s were published, the iteration that
+    measured_model_tflops_per_gpu implies with the publication's own FLOPs per token
+    (model_gflop_per_token); an iteration time and a throughput both given must agree within TOKENS_CHECK."""
+    given = "measured_iteration_s" in entry, "measured_tokens_per_s_per_gpu" in entry
+    tflops = _value(entry, "measured_model_tflops_per_gpu", where, float) if (
+        "measured_model_tflops_per_gpu" in entry) else None
+    per_token = _value(entry, "model_gflop_per_token", where, float) if "model_gflop_per_token" in entry else None
+    if per_token is not None and (tflops is None or any(given)):
+        raise RpegError(f"{where}.model_gflop_per_token: only for an entry whose one measurement is "
+                        "measured_model_tflops_per_gpu (it turns that into an iteration time)")
+    if not any(given):
+        if tflops is not None and per_token is not None:
+            return tokens * per_token * 1e9 / (tflops * 1e12 * gpus)
+        raise RpegError(f"{where}: missing 'measured_iteration_s' (or 'measured_tokens_per_s_per_gpu', or "
+                        "'measured_model_tflops_per_gpu' with 'model_gflop_per_token')")
+    implied = None
+    if given[1]:
+        rate = _value(entry, "measured_tokens_per_s_per_gpu", where, float)
+        implied = tokens / (rate * gpus)
+    if not given[0]:
+        return implied
+    seconds = float(_value(entry, "measured_iteration_s", where, float))
+    if implied is not None and abs(implied - seconds) > TOKENS_CHECK * seconds:
+        raise RpegError(f"{where}: measured_iteration_s = {seconds:g} but measured_tokens_per_s_per_gpu implies "
+                        f"{implied:.4g} s ({tokens} tokens = global_batch x seq over {gpus} GPUs); one is wrong")
+    return seconds
+
+
 def predict_training(entry: dict, models: dict[str, ModelSpec], where: str) -> Result:
+    """One training iteration: global_batch sequences of seq tokens over all data-parallel ranks,
+    micro_batch sequences per micro-batch on each (Megatron's --global-batch-size, --micro-batch-size)."""
     _check_keys(entry, TRAIN_KEYS, where)
     spec = _model(_need(entry, "model", where, str), models)
     tp, pp, dp = (_need(entry, k, where) for k in ("tp", "pp", "dp"))
@@ -106,17 +194,42 @@ def predict_training(entry: dict, models: dict[str, ModelSpec], where: str) -> R
     gpus = _need(entry, "gpus", where)
     if tp * pp * dp * cp != gpus:
         raise RpegError(f"{where}: tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} = {tp * pp * dp * cp} != gpus = {gpus}")
-    recompute = entry.get("recompute", "none")
-    layout = ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, recompute=recompute,
-                            sequence_parallel=entry.get("sequence_parallel", recompute == "selective" and tp > 1),
-                            pp_interleave=_get(entry, "pp_interleave", where, 1), pp_uneven=bool(spec.layers % pp))
+    etp, note = _conditions(entry, spec, tp, ep, where)
+    if ep > 1 and (dp * cp * tp) % (ep * etp):
+        raise RpegError(f"{where}: ep*etp = {ep}*{etp} does not divide dp*cp*tp = {dp * cp * tp} (Megatron's MoE "
+                        "parallel folding carves the expert groups out of the other dimensions of one pipeline stage)")
+    zero = entry.get("zero", 0)
+    if isinstance(zero, bool) or zero not in (0, 1, 2, 3):
+        raise RpegError(f"{where}.zero: {zero!r:.80} is not one of 0, 1, 2, 3 (0: plain DDP, 1: Megatron's "
+                        "distributed optimizer, 3: FSDP)")
+    offload = entry.get("offload_optimizer", 0.0)
+    if isinstance(offload, bool) or not isinstance(offload, (int, float)) or not 0 <= offload <= 1:
+        raise RpegError(f"{where}.offload_optimizer: {offload!r:.80} is not a fraction in [0, 1] (Megatron-Core's "
+                        "--optimizer-offload-fraction)")
+    recompute = _option(entry, "recompute", where, "none")
+    sp = _option(entry, "sequence_parallel", where, recompute == "selective" and tp > 1)
+    if sp and tp == 1:
+        raise RpegError(f"{where}.sequence_parallel: true needs tp > 1")
+    layout = ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, recompute=recompute, sequence_parallel=sp,
+                            pp_interleave=_get(entry, "pp_interleave", where, 1), pp_uneven=bool(spec.layers % pp),
+                            zero=zero, offload_optimizer=float(offload))
     cluster = load_cluster(_need(entry, "system", where, str), gpus)
-    seq = _need(entry, "seq", where)
-    work = PassWorkload(sequences=_need(entry, "global_batch", where), seq_len=seq, attention_context=(seq + 1) / 2,
-                        micro_batch=_need(entry, "micro_batch", where), dtype="fp16", flash_attention=False)
+    seq, batch = _need(entry, "seq", where), _need(entry, "global_batch", where)
+    micro = _need(entry, "micro_batch", where)
+    if batch % (dp * micro):
+        raise RpegError(f"{where}: global_batch = {batch} is not a whole number of micro-batches of {micro} on each "
+                        f"of dp = {dp} ranks")
+    measured = _measured_iteration(entry, batch * seq, gpus, where)
+    work = PassWorkload(sequences=batch, seq_len=seq, attention_context=(seq + 1) / 2, micro_batch=micro,
+                        dtype=_option(entry, "dtype", where, "fp16"),
+                        flash_attention=_option(entry, "flash_attention", where, False))
     cost = pass_cost(entry["id"], spec, layout, cluster, work)
-    return Result(entry["id"], "training", cost.seconds, _need(entry, "measured_iteration_s", where, float),
-                  cost.parts)
+    if cost.peak_memory_bytes > cost.capacity_bytes:
+        gib = 2.0 ** 30
+        oom = (f"OOM: {cost.peak_memory_bytes / gib:.0f} GiB of {cost.capacity_bytes / gib:.0f} GiB per device; "
+               f"{cost.seconds:.2f} s if it fit")
+        return Result(entry["id"], "training", math.inf, measured, cost.parts, f"{oom}; {note}" if note else oom)
+    return Result(entry["id"], "training", cost.seconds, measured, cost.parts, note)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,161 @@
+"""The Megatron-Core training rows (rpeg/data/validation/megatron-bridge.yaml and
+megatron-lm-moe-recipes.yaml) and the training options they need: every row parses and predicts,
+or is named as not fitting with its memory and the time it would take; each option's bad values
+are refused in one line naming key, value and the allowed values; the options the cost model has
+no mechanism for change no prediction."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rpeg.cli import main
+from rpeg.errors import RpegError
+from rpeg.perf.validation import IGNORED_OPTIONS, bundled, validate_data, validate_file
+
+BRIDGE = bundled()["megatron-bridge"]
+
+
+RECIPES = bundled()["megatron-lm-moe-recipes"]
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return validate_file(str(BRIDGE))
+
+
+@pytest.mark.parametrize("name, at_least", [("megatron-bridge", 30), ("megatron-lm-moe-recipes", 8)])
+def test_every_row_predicts_or_says_why_it_does_not_fit(name, at_least):
+    rows = validate_file(str(bundled()[name]))
+    assert len(rows) >= at_least and len({r.id for r in rows}) == len(rows)
+    for r in rows:
+        assert r.kind == "training" and r.measured > 0
+        if r.fits:
+            assert r.predicted > 0 and sum(v for _, v in r.parts) == pytest.approx(r.predicted, rel=1e-6)
+        else:  # the memory it needs, the device's, and the time it would take
+            assert r.note.startswith("OOM: ") and "GiB per device" in r.note and "s if it fit" in r.note, r.note
+
+
+def test_rows_cover_dense_moe_devices_batches_and_lengths():
+    from rpeg.graph.serde import read_yaml_file
+    from rpeg.perf.validation import _model
+
+    entries = read_yaml_file(str(BRIDGE))["training"]
+    systems = {e["system"] for e in entries}
+    assert {"dgx-h100", "dgx-b200", "gb200-nvl72"} <= systems
+    moe = [e for e in entries if _model(e["model"], {}).is_moe]
+    assert moe and len(moe) < len(entries)  # both kinds
+    assert {e["dtype"] for e in entries} == {"bf16", "fp8"}
+    tokens_per_gpu = [e["global_batch"] * e["seq"] / e["gpus"] for e in entries]
+    assert min(tokens_per_gpu) <= 4096 and max(tokens_per_gpu) >= 200_000  # RL-sized and pre-training batches
+    assert max(e["seq"] for e in entries) == 32768
+    assert {e.get("routing") for e in moe} >= {"balanced", "natural"}
+
+
+def test_the_measured_iteration_follows_from_a_published_throughput(rows):
+    """A summary row gives tokens/s/GPU only: iteration = global_batch x seq / (rate x gpus)."""
+    by_id = {r.id: r for r in rows}
+    r = by_id["s2511-llama3-8b-h100-fp8-fsdp"]
+    assert r.measured == pytest.approx(128 * 8192 / (14451 * 8))
+
+
+def test_the_measured_iteration_follows_from_published_tflops_and_flops_per_token():
+    """A recipe row gives model TFLOP/s only: iteration = global_batch x seq x GFLOP/token / (TFLOP/s x gpus)."""
+    r = next(r for r in validate_file(str(RECIPES)) if r.id == "mlm-qwen3-30b-a3b-h100-bf16")
+    assert r.measured == pytest.approx(256 * 4096 * 23.00e9 / (240.5e12 * 32))
+
+
+ROW = ("{id: r, system: dgx-h100, model: Qwen/Qwen3-30B-A3B, gpus: 16, tp: 1, pp: 1, dp: 16, ep: 16, "
+       "global_batch: 64, micro_batch: 1, seq: 4096, dtype: bf16, flash_attention: true, zero: 1, "
+       "measured_iteration_s: 2.0%s}")
+
+
+def _one(extra: str = "", row: str = ROW):
+    from yaml import safe_load
+
+    return validate_data(safe_load("training:\n  - " + row % extra), "x.yaml")
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (", dtype: fp4", "x.yaml: training[0] (r).dtype: 'fp4' is not one of fp16, bf16, fp8"),
+    (", flash_attention: maybe", ".flash_attention: 'maybe' is not one of false, true"),
+    (", routing: random", ".routing: 'random' is not one of balanced, natural"),
+    (", cuda_graphs: true", ".cuda_graphs: True is not one of none, partial, full"),
+    (", dispatcher: nccl", ".dispatcher: 'nccl' is not one of alltoall, allgather, deepep, hybridep"),
+    (", ep_overlap: 1", ".ep_overlap: 1 is not one of false, true"),
+    (", packing: packed", ".packing: 'packed' is not one of false, true"),
+    (", recompute: some", ".recompute: 'some' is not one of none, selective, full"),
+    (", sequence_parallel: sometimes", ".sequence_parallel: 'sometimes' is not one of false, true"),
+    (", etp: 2", ".etp: 2 must be 1 or tp = 1"),
+    (", etp: 0", ".etp: etp = 0 must be positive"),
+    (", zero: 4", ".zero: 4 is not one of 0, 1, 2, 3"),
+    (", zero: true", ".zero: True is not one of 0, 1, 2, 3"),
+    (", offload_optimizer: 1.5", ".offload_optimizer: 1.5 is not a fraction in [0, 1]"),
+    (", measured_tokens_per_s_per_gpu: 100", "measured_tokens_per_s_per_gpu implies 163.8 s"),
+    (", measured_tokens_per_s_per_gpu: -1", ".measured_tokens_per_s_per_gpu: measured_tokens_per_s_per_gpu = -1"),
+    (", measured_model_tflops_per_gpu: .nan", "measured_model_tflops_per_gpu = nan must be a finite number"),
+    (", cuda_graph: full", "unknown key 'cuda_graph'"),
+    (", model_gflop_per_token: 23", ".model_gflop_per_token: only for an entry whose one measurement is"),
+    (", model_gflop_per_token: 0", ".model_gflop_per_token: model_gflop_per_token = 0 must be positive"),
+])
+def test_bad_option_values_are_refused_by_name(extra, needle):
+    with pytest.raises(RpegError) as info:
+        _one(extra)
+    msg = str(info.value)
+    assert needle in msg and "\n" not in msg, msg
+
+
+@pytest.mark.parametrize("row, needle", [
+    (ROW.replace("ep: 16,", "ep: 32,"), "ep*etp = 32*1 does not divide dp*cp*tp = 16"),
+    (ROW.replace("Qwen/Qwen3-30B-A3B", "qwen3-8B").replace("ep: 16, ", ""), ".routing: qwen3-8B has no experts"),
+    (ROW.replace("ep: 16,", "ep: 1,"), ".ep_overlap: true needs ep > 1"),
+    (ROW.replace("global_batch: 64", "global_batch: 40"), "global_batch = 40 is not a whole number of micro-batches"),
+    (ROW.replace("measured_iteration_s: 2.0", "notes: x"), "missing 'measured_iteration_s'"),
+    (ROW.replace("measured_iteration_s: 2.0", "measured_model_tflops_per_gpu: 200"), "missing 'measured_iteration_s'"),
+])
+def test_inconsistent_rows_are_refused(row, needle):
+    extra = ", routing: natural" if "has no experts" in needle else ", ep_overlap: true" if "ep > 1" in needle else ""
+    with pytest.raises(RpegError) as info:
+        _one(extra, row)
+    assert needle in str(info.value), str(info.value)
+
+
+def test_the_cli_says_it_in_one_line(tmp_path, capsys):
+    f = tmp_path / "bad.yaml"
+    f.write_text("training:\n  - " + ROW % ", routing: random" + "\n")
+    assert main(["validate", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "routing: 'random' is not one of balanced, natural" in err and err.count("\n") == 1
+
+
+def test_options_the_model_ignores_are_printed_and_change_nothing():
+    plain = _one()[0]
+    marked = _one(", routing: natural, cuda_graphs: full, dispatcher: deepep, ep_overlap: true, packing: true, "
+                  "etp: 1")[0]
+    assert marked.predicted == plain.predicted and marked.parts == plain.parts
+    assert marked.note == "routing natural, cuda_graphs full, dispatcher deepep, ep_overlap, packing"
+    assert set(IGNORED_OPTIONS) == {"routing", "cuda_graphs", "dispatcher", "ep_overlap", "packing"}
+
+
+def test_options_the_model_reads_change_the_prediction():
+    base = _one()[0].predicted
+    assert _one("", ROW.replace("dtype: bf16", "dtype: fp8"))[0].predicted < base
+    assert _one("", ROW.replace("flash_attention: true", "flash_attention: false"))[0].predicted > base
+    assert _one(", offload_optimizer: 1.0")[0].predicted > base
+    assert _one("", ROW.replace("zero: 1", "zero: 3"))[0].predicted != base
+
+
+def test_a_row_predicted_out_of_memory_is_named_not_scored():
+    r = _one("", ROW.replace("model: Qwen/Qwen3-30B-A3B", "model: deepseek-v3"))[0]
+    assert not r.fits and r.error is None and math.isinf(r.predicted) and r.note.startswith("OOM: ")
+
+
+def test_json_carries_the_notes(capsys):
+    import json
+
+    assert main(["validate", "megatron-bridge", "--json"]) == 3  # some rows are predicted out of memory
+    entries = {e["id"]: e for e in json.loads(capsys.readouterr().out)["entries"]}
+    assert entries["qwen3-30b-a3b-h100-pretrain-tuned"]["note"] == (
+        "routing balanced, cuda_graphs partial, dispatcher hybridep, ep_overlap")
+    assert "note" not in entries["qwen3-8b-h100-pretrain"]
