@@ -98,6 +98,14 @@ def _one(extra: str = "", row: str = ROW):
     (", cuda_graph: full", "unknown key 'cuda_graph'"),
     (", model_gflop_per_token: 23", ".model_gflop_per_token: only for an entry whose one measurement is"),
     (", model_gflop_per_token: 0", ".model_gflop_per_token: model_gflop_per_token = 0 must be positive"),
+    (", recompute: selective, recompute_modules: [attn]", ".recompute_modules: ['attn'] is not a list of core_attn,"),
+    (", recompute_modules: [moe_act]", ".recompute_modules: needs recompute: selective, not 'none'"),
+    (", recompute: selective, recompute_layers: 4", ".recompute_layers: needs recompute: full, not 'selective'"),
+    (", recompute: full, recompute_layers: -1", ".recompute_layers: recompute_layers = -1 must be positive"),
+    (", offload_activation_layers: 1.5", ".offload_activation_layers: expected an integer, got 1.5"),
+    (", grad_dtype: fp16", ".grad_dtype: 'fp16' is not one of fp32, bf16"),
+    (", optimizer_moments: fp8", ".optimizer_moments: 'fp8' is not one of fp32, bf16"),
+    (", pp_embedding_loss_slots: true", ".pp_embedding_loss_slots: needs pp > 1"),
 ])
 def test_bad_option_values_are_refused_by_name(extra, needle):
     with pytest.raises(RpegError) as info:
@@ -154,8 +162,52 @@ def test_a_row_predicted_out_of_memory_is_named_not_scored():
 def test_json_carries_the_notes(capsys):
     import json
 
-    assert main(["validate", "megatron-bridge", "--json"]) == 3  # some rows are predicted out of memory
+    assert main(["validate", "megatron-bridge", "--json"]) == 0  # every row fits
     entries = {e["id"]: e for e in json.loads(capsys.readouterr().out)["entries"]}
     assert entries["qwen3-30b-a3b-h100-pretrain-tuned"]["note"] == (
         "routing balanced, cuda_graphs partial, dispatcher hybridep, ep_overlap")
     assert "note" not in entries["qwen3-8b-h100-pretrain"]
+
+
+def test_every_measured_run_is_predicted_to_fit():
+    """Runs that ran must not be predicted out of memory: the recipes' memory settings (selective
+    recompute modules, activation offload, bf16 gradient buffers, the precision-aware optimizer,
+    sequence parallelism, the pipeline split) are on the rows, and the memory model reads them."""
+    for name in ("megatron-bridge", "megatron-lm-moe-recipes"):
+        assert [r.id for r in validate_file(str(bundled()[name])) if not r.fits] == []
+
+
+@pytest.mark.parametrize("extra", [
+    ", grad_dtype: bf16", ", optimizer_moments: bf16", ", recompute: selective, recompute_modules: [moe_act]",
+    ", recompute: full, recompute_layers: 12",
+])
+def test_recipe_memory_options_reach_the_memory_model(extra):
+    from rpeg.perf.validation import _model, predict_training
+    from yaml import safe_load
+
+    def peak(more):
+        import rpeg.perf.training as training
+        seen = {}
+        real = training.memory.training_memory
+
+        def spy(*a, **k):
+            seen["m"] = real(*a, **k)
+            return seen["m"]
+        training.memory.training_memory = spy
+        try:
+            predict_training(safe_load(ROW % more), {}, "x")
+        finally:
+            training.memory.training_memory = real
+        return seen["m"].total
+
+    base = peak(", recompute: full") if "recompute_layers" in extra else peak("")
+    assert peak(extra) != base
+    assert _model("Qwen/Qwen3-30B-A3B", {}).is_moe
+
+
+def test_recompute_layers_costs_time_in_proportion():
+    """Full recomputation of 12 of 48 layers re-runs a quarter of what recomputing all of them does."""
+    none = _one()[0].predicted
+    full = _one(", recompute: full")[0].predicted
+    part = _one(", recompute: full, recompute_layers: 12")[0].predicted
+    assert none < part < full and (part - none) == pytest.approx((full - none) / 4, rel=0.02)

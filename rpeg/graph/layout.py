@@ -19,6 +19,11 @@ STATE_PARTS = ("weights", "gradients", "optimizer")
 # the host copies a trainer makes, by part and direction (out: device to host, in: host to device);
 # ParallelLayout.pageable names those made through pageable host memory (rpeg/perf/offload.py)
 HOST_COPIES = ("weights-out", "weights-in", "gradients-out", "optimizer-out", "optimizer-in")
+# Megatron-Core's selective recompute modules (TransformerConfig.recompute_modules; its default is
+# ["core_attn"], what recompute = "selective" means alone): rpeg/perf/memory_recipes.py says what each
+# one stops storing
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts")
+STATE_DTYPES = ("fp32", "bf16")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,6 +85,20 @@ class ParallelLayout:
     weights with module.cpu() / module.to(device): ["weights"]; its Megatron backend copies them out
     with .cpu().pin_memory(): ["weights-out"]; DeepSpeed with pin_memory false and Megatron-Core's
     --no-pin-cpu-grads / --no-pin-cpu-params: ["gradients-out", "weights-in"] (rpeg/perf/offload.py).
+
+    Megatron-Core recipe options (rpeg/perf/memory_recipes.py; the defaults change nothing):
+    recompute_modules: with recompute = "selective", the submodules recomputed (RECOMPUTE_MODULES;
+    empty: core_attn alone). recompute_layers: with recompute = "full", the layers of each model chunk
+    recomputed (recompute_method block, recompute_num_layers); 0: all of them. offload_activation_layers:
+    the layers whose stored activations go to host memory in the forward and come back for the backward
+    (cpu_offloading_num_layers; Megatron-Core allows it without pipeline parallelism only). grad_dtype:
+    the gradient buffer's dtype, fp32 (Megatron's default, accumulate and reduce in fp32) or bf16
+    (grad_reduce_in_fp32 false, as Megatron-Bridge's performance recipes set it). optimizer_moments:
+    Adam's exp_avg / exp_avg_sq dtype, bf16 with the precision-aware optimizer
+    (use_precision_aware_optimizer, exp_avg_dtype = exp_avg_sq_dtype = bfloat16).
+    pp_embedding_loss_slots: the embedding and the loss each take a decoder layer's place in the pipeline
+    split (account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split): the first and
+    the last stage hold one decoder layer fewer.
     """
 
     dp: int = 1
@@ -98,6 +117,12 @@ class ParallelLayout:
     offload_params: bool = False
     resident: tuple[str, ...] = ()
     pageable: tuple[str, ...] = ()
+    recompute_modules: tuple[str, ...] = ()
+    recompute_layers: int = 0
+    offload_activation_layers: int = 0
+    grad_dtype: str = "fp32"
+    optimizer_moments: str = "fp32"
+    pp_embedding_loss_slots: bool = False
 
     def __post_init__(self) -> None:
         bad = [f"{f} = {getattr(self, f)}" for f in ("dp", "tp", "pp", "cp", "ep", "pp_interleave", "micro_batch")
@@ -136,6 +161,34 @@ class ParallelLayout:
                             f"not a host copy; the copies are {', '.join(HOST_COPIES)} (a part alone names both "
                             "its directions)")
         object.__setattr__(self, "pageable", tuple(c for c in HOST_COPIES if c in wanted))
+        self._check_recipe_options()
+
+    def _check_recipe_options(self) -> None:
+        """The Megatron-Core recipe options: each in one line with its way out."""
+        modules = self.recompute_modules
+        if isinstance(modules, str) or not all(isinstance(m, str) and m in RECOMPUTE_MODULES for m in modules):
+            raise RpegError(f"parallel layout: recompute_modules = {modules!r:.80} must list some of "
+                            f"{', '.join(RECOMPUTE_MODULES)}")
+        if modules and self.recompute != "selective":
+            raise RpegError(f"parallel layout: recompute_modules = {list(modules)} needs recompute = selective, "
+                            f"not {self.recompute!r} (Megatron's recompute_granularity)")
+        object.__setattr__(self, "recompute_modules", tuple(m for m in RECOMPUTE_MODULES if m in modules))
+        for name in ("recompute_layers", "offload_activation_layers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise RpegError(f"parallel layout: {name} = {value!r:.80} must be a whole number >= 0 (0: none)")
+        if self.recompute_layers and self.recompute != "full":
+            raise RpegError(f"parallel layout: recompute_layers = {self.recompute_layers} needs recompute = full, "
+                            f"not {self.recompute!r} (Megatron's recompute_method block)")
+        if self.offload_activation_layers and self.pp > 1:
+            raise RpegError(f"parallel layout: offload_activation_layers = {self.offload_activation_layers} needs "
+                            f"pp = 1, not {self.pp} (Megatron-Core's cpu_offloading has no pipeline support)")
+        if self.pp_embedding_loss_slots and self.pp == 1:
+            raise RpegError("parallel layout: pp_embedding_loss_slots needs pp > 1 (it moves layers between "
+                            "pipeline stages)")
+        for name in ("grad_dtype", "optimizer_moments"):
+            if getattr(self, name) not in STATE_DTYPES:
+                raise RpegError(f"parallel layout: {name} = {getattr(self, name)!r:.80} must be fp32 or bf16")
 
     def replace(self, **changes) -> ParallelLayout:
         return dataclasses.replace(self, **changes)
@@ -175,4 +228,22 @@ class ParallelLayout:
             parts.append("resident=" + "+".join(self.resident))
         if self.pageable:
             parts.append("pageable=" + "+".join(self.pageable))
+        parts += self.recipe_options()
         return " ".join(parts) or "single device"
+
+    def recipe_options(self) -> list[str]:
+        """The Megatron-Core recipe options this layout sets, as describe() shows them ([] for none)."""
+        parts = []
+        if self.recompute_modules:
+            parts.append("recompute-modules=" + "+".join(self.recompute_modules))
+        if self.recompute_layers:
+            parts.append(f"recompute-layers={self.recompute_layers}")
+        if self.offload_activation_layers:
+            parts.append(f"activations-on-host={self.offload_activation_layers}")
+        if self.grad_dtype != "fp32":
+            parts.append(f"grads-{self.grad_dtype}")
+        if self.optimizer_moments != "fp32":
+            parts.append(f"moments-{self.optimizer_moments}")
+        if self.pp_embedding_loss_slots:
+            parts.append("pp-embedding-loss-slots")
+        return parts

@@ -44,12 +44,26 @@ class LayerTime:
                          self.elementwise_s + o.elementwise_s, self.flops + o.flops, self.bytes + o.bytes)
 
 
+# The attention core's precision under an FP8 recipe: Transformer Engine quantizes the linear layers' GEMMs
+# only; its fused attention (dot-product attention) stays in bf16 unless fp8_dot_product_attention is set, which
+# is off by default (Megatron-Core TransformerConfig, Megatron-Bridge MixedPrecisionConfig: False; its
+# performance recipes turn it on for NVFP4 only). vLLM's fp8 checkpoints likewise run attention in bf16.
+ATTENTION_DTYPE = {"fp8": "bf16"}
+# An FP8 GEMM's input must be quantized first where no earlier kernel writes it in FP8. Transformer Engine fuses
+# the cast into its LayerNorm for the QKV and the MLP's first linear (LayerNormLinear), but the output
+# projection's input (fused attention writes bf16) and the second linear's input (Megatron-Core's bias-SwiGLU
+# writes bf16), and an MoE layer's permuted expert inputs, take its cast-transpose kernel: read the bf16 tensor
+# (2 bytes), write the rowwise FP8 copy for the GEMM (1) and the columnwise copy kept for the weight gradient (1)
+FP8_CAST_BYTES = 4
+
+
 def _rates(device: Device, dtype: str, decode: bool = False) -> tuple[float, float, float]:
-    """(GEMM FLOP/s, attention FLOP/s, HBM bytes/s) achieved; decode steps read at DECODE_HBM."""
+    """(GEMM FLOP/s, attention FLOP/s, HBM bytes/s) achieved; decode steps read at DECODE_HBM; the attention
+    core at its own precision (ATTENTION_DTYPE)."""
     kind = device.kind
     hbm = DECODE_HBM.value if decode and kind == "gpu" else HBM[kind].value
-    return (device.flop_per_s(dtype) * gemm_efficiency(device), device.flop_per_s(dtype) * ATTENTION[kind].value,
-            device.hbm_bandwidth_bytes_per_s * hbm)
+    attention = device.flop_per_s(ATTENTION_DTYPE.get(dtype, dtype)) * ATTENTION[kind].value
+    return (device.flop_per_s(dtype) * gemm_efficiency(device), attention, device.hbm_bandwidth_bytes_per_s * hbm)
 
 
 def rows_efficiency(rows: float, kind: str) -> float:
@@ -121,6 +135,9 @@ def layer_forward(spec: ModelSpec, device: Device, *, tokens: float, context: fl
     attention_s = max(attn_flops / (attn_rate if flash_attention else gemm_rate), (kv_bytes + score_bytes) / bw)
     # elementwise: norms, residual adds, rotary, activation function (read + write, bf16)
     elem_bytes = BF16 * tokens * (2 * 4 * spec.hidden + 3 * mlp_width) / tp + permute_bytes
+    if dtype == "fp8":  # FP8_CAST_BYTES (the backward's casts of the output gradients: its 2x the forward)
+        cast = spec.heads * spec.v_head_dim + mlp_width + (spec.experts_per_token * spec.hidden if moe else 0)
+        elem_bytes += FP8_CAST_BYTES * tokens * cast / tp
     if not sp:
         elem_bytes += BF16 * tokens * 2 * 4 * spec.hidden * (1 - 1 / tp)  # norms/residuals replicated over tp
     elementwise_s = elem_bytes / bw

@@ -34,6 +34,7 @@ from dataclasses import dataclass, fields
 from rpeg.errors import RpegError
 from rpeg.graph.layout import ParallelLayout
 from rpeg.graph.model import ModelSpec
+from rpeg.perf import recipe_options
 
 GB = 1e9
 GIB = 2.0**30
@@ -97,9 +98,12 @@ class DeviceParams:
 
 
 # ---- parameters ---------------------------------------------------------------------------------
-def stage_layers(spec: ModelSpec, pp: int) -> list[range]:
+def stage_layers(spec: ModelSpec, pp: int, *, embedding_loss_slots: bool = False) -> list[range]:
     """The decoder layers of each pipeline stage: as even as possible, the first stages take the
-    remainder's extra layers (Megatron needs layers % pp == 0 or an explicit uneven split)."""
+    remainder's extra layers (Megatron needs layers % pp == 0 or an explicit uneven split).
+    `embedding_loss_slots` (ParallelLayout.pp_embedding_loss_slots): recipe_options.pipeline_slots."""
+    if embedding_loss_slots:
+        return recipe_options.pipeline_slots(spec.layers, pp)
     return [range(s * spec.layers // pp, (s + 1) * spec.layers // pp) for s in range(pp)]
 
 
@@ -144,7 +148,7 @@ def device_params(spec: ModelSpec, layout: ParallelLayout, *, stage: int | None 
     h, vocab_shard = spec.hidden, spec.vocab * spec.hidden / tp
     ep = layout.ep if spec.is_moe else 1
     dense = expert = 0.0
-    for i in stage_layers(spec, pp)[stage]:
+    for i in stage_layers(spec, pp, embedding_loss_slots=layout.pp_embedding_loss_slots)[stage]:
         p = _layer_device_params(spec, i, tp, ep)
         dense, expert = dense + p.dense, expert + p.expert
     if stage == 0:  # a VLM's vision tower sits here too, whole on every tensor-parallel rank (ModelSpec.vision_note)
@@ -203,12 +207,15 @@ def _act_width(spec: ModelSpec) -> int:
 
 
 def _layer_bytes_per_token(spec: ModelSpec, index: int, *, seq_len: float, tp: int, sp: bool,
-                           recompute: str, flash: bool, dropout: bool) -> float:
+                           recompute: str, flash: bool, dropout: bool,
+                           modules: tuple[str, ...] = ("core_attn",), dtype: str = "bf16") -> float:
     """Stored activation bytes of decoder layer `index` per token of a device's sequence slice.
 
     Three kinds of tensors: `whole` ones every tensor-parallel rank keeps in full (split along the
     sequence under SP), `split` ones divided over tp (per-head or per-column tensors), and K/V,
-    divided over min(tp, kv_heads) since ranks past the kv-head count replicate them.
+    divided over min(tp, kv_heads) since ranks past the kv-head count replicate them. `modules`: what
+    selective recomputation re-runs (core_attn here, the others: recipe_options.dropped_bytes_per_token).
+    `dtype` fp8: the linear layers keep their inputs in FP8 (recipe_options.fp8_saved_input_savings).
     """
     h, b = spec.hidden, BF16_BYTES
     if recompute == "full":
@@ -227,7 +234,7 @@ def _layer_bytes_per_token(spec: ModelSpec, index: int, *, seq_len: float, tp: i
     kv = b * (k + v)
     if spec.qk_norm:  # per-head norms keep their inputs too
         split, kv = split + b * q, kv + b * k
-    if recompute != "selective":  # selective recomputation re-runs the attention core
+    if recompute != "selective" or "core_attn" not in modules:  # core_attn: the attention core re-runs
         if flash:
             split += LSE_BYTES * spec.heads
         else:  # softmax output (+ dropout mask and dropout output), per key: Korthikanti's 5as^2b
@@ -236,13 +243,20 @@ def _layer_bytes_per_token(spec: ModelSpec, index: int, *, seq_len: float, tp: i
     whole += b * 2 * h + mask * h
     act = _act_width(spec)
     if spec.is_moe and index >= spec.dense_layers:
-        # each of the k routed copies keeps the expert's input, its intermediates and its output
-        # (for the weighted combine); tokens spread evenly over ranks and experts (balanced routing)
-        split += spec.experts_per_token * b * (2 * h + act * spec.moe_ffn)
+        # each of the k routed copies keeps the expert's input and its intermediates; not its output:
+        # Megatron-Core's experts weight by the routing probability inside the activation
+        # (experts.py activation_func_with_probs), so the combine is a plain sum with nothing to keep.
+        # Tokens spread evenly over ranks and experts (balanced routing)
+        split += spec.experts_per_token * b * (h + act * spec.moe_ffn)
         split += spec.shared_experts * b * act * spec.moe_ffn
     else:
         split += b * act * spec.ffn
-    return whole / (tp if sp else 1) + split / tp + kv / kv_div
+    stored = whole / (tp if sp else 1) + split / tp + kv / kv_div
+    if recompute == "selective":
+        stored -= recipe_options.dropped_bytes_per_token(spec, index, modules, tp=tp, sp=sp)
+    if dtype == "fp8":
+        stored -= recipe_options.fp8_saved_input_savings(spec, index, recompute, modules, tp=tp, sp=sp)
+    return stored
 
 
 def activation_bytes_per_layer(spec: ModelSpec, *, seq_len: float, micro_batch: float, tp: int = 1,
@@ -293,7 +307,7 @@ def _chunks_in_flight(pp: int, v: int, rank: int, microbatches: int | None) -> f
 
 
 def _zero3_working_set(spec: ModelSpec, layout: ParallelLayout, stage: int, grad_bytes: float) -> float:
-    layers = stage_layers(spec, layout.pp)[stage]
+    layers = stage_layers(spec, layout.pp, embedding_loss_slots=layout.pp_embedding_loss_slots)[stage]
     if layout.zero != 3 or not layers:
         return 0.0
     ep = layout.ep if spec.is_moe else 1
@@ -316,7 +330,8 @@ def _state_bytes(spec: ModelSpec, layout: ParallelLayout, stage: int, grad_dtype
     sharded = _sharded(p, groups)
     weights = (sharded if layout.zero == 3 else p.total) * BF16_BYTES
     grads = (sharded if layout.zero >= 2 else p.total) * grad_dtype_bytes
-    optimizer = (sharded if layout.zero >= 1 else p.total) * ADAM_BYTES_PER_PARAM * (1.0 - host)
+    optimizer = (sharded if layout.zero >= 1 else p.total) * recipe_options.optimizer_bytes_per_param(layout) * (
+        1.0 - host)
     if layout.zero >= 2:
         grads *= 1.0 - host
     if layout.offload_params:
@@ -339,36 +354,79 @@ def trainer_state_bytes(spec: ModelSpec, layout: ParallelLayout, *, grad_dtype_b
 def training_memory_stages(spec: ModelSpec, layout: ParallelLayout, *, seq_len: float, micro_batch: float,
                            microbatches_in_flight: int | None = None, flash_attention: bool = True,
                            offload_optimizer: bool = False, grad_dtype_bytes: float = 4,
-                           value_head: bool = False, dropout: bool = False) -> list[MemoryBreakdown]:
+                           value_head: bool = False, dropout: bool = False,
+                           dtype: str = "bf16") -> list[MemoryBreakdown]:
     """`training_memory` for every pipeline stage, first to last."""
     tp, pp, sp, cp = layout.tp, layout.pp, layout.sequence_parallel, layout.cp
     groups = data_parallel_groups(spec, layout)
     host = max(layout.offload_optimizer, 1.0 if offload_optimizer else 0.0)
-    act_kw = dict(seq_len=seq_len, tp=tp, sp=sp, flash=flash_attention, dropout=dropout)
+    act_kw = dict(seq_len=seq_len, tp=tp, sp=sp, flash=flash_attention, dropout=dropout, dtype=dtype)
     tokens = seq_len * micro_batch / cp
     out = []
-    for s, layers in enumerate(stage_layers(spec, pp)):
-        weights, grads, optimizer = _state_bytes(spec, layout, s, grad_dtype_bytes, value_head, host, groups)
-        per_mb = tokens * sum(_layer_bytes_per_token(spec, i, recompute=layout.recompute, **act_kw) for i in layers)
+    grad_bytes = recipe_options.grad_bytes(layout, grad_dtype_bytes)
+    for s, layers in enumerate(stage_layers(spec, pp, embedding_loss_slots=layout.pp_embedding_loss_slots)):
+        weights, grads, optimizer = _state_bytes(spec, layout, s, grad_bytes, value_head, host, groups)
+        per_mb, working = _stage_activation_bytes(spec, layout, layers, tokens, act_kw)
         in_flight = _chunks_in_flight(pp, layout.pp_interleave, s, microbatches_in_flight)
-        acts = in_flight * per_mb
-        if layout.recompute == "full" and layers:  # the layer being recomputed holds everything once
-            acts += tokens * max(_layer_bytes_per_token(spec, i, recompute="none", **act_kw) for i in layers)
+        acts = in_flight * per_mb + working
         if s == 0 and dropout:  # the embedding's dropout mask, one per micro-batch in flight
             acts += in_flight * tokens * spec.hidden / (tp if sp else 1)
         if s == pp - 1:  # the output layer runs one micro-batch at a time
             acts += head_activation_bytes(spec, seq_len=seq_len, micro_batch=micro_batch, tp=tp,
                                           sequence_parallel=sp, cp=cp, value_head=value_head)
-        buffers = BUFFER_BYTES + _zero3_working_set(spec, layout, s, grad_dtype_bytes)
-        out.append(MemoryBreakdown(weights=weights, gradients=grads, optimizer=optimizer, activations=acts,
-                                   buffers=buffers))
+        buffers = BUFFER_BYTES + _zero3_working_set(spec, layout, s, grad_bytes)
+        peak = MemoryBreakdown(weights=weights, gradients=grads, optimizer=optimizer, activations=acts,
+                               buffers=buffers)
+        out.append(max(peak, _optimizer_step_phase(spec, layout, s, peak, host, groups, value_head),
+                       key=lambda m: m.total))
     return out
+
+
+def _stage_activation_bytes(spec: ModelSpec, layout: ParallelLayout, layers: range, tokens: float,
+                            act_kw: dict) -> tuple[float, float]:
+    """(bytes one micro-batch leaves stored on the device over the stage's `layers`, bytes of the working
+    set on top: the layer being recomputed or copied to the host holds its full activations once).
+
+    Full recomputation of all layers, or of recompute_layers per model chunk (the others store
+    everything); the selective modules of recipe_options; activations of offload_activation_layers
+    layers leave the device (recipe_options.offloaded_fraction)."""
+    if not layers:
+        return 0.0, 0.0
+    modules = recipe_options.selective_modules(layout)
+    stored = sum(_layer_bytes_per_token(spec, i, recompute=layout.recompute, modules=modules, **act_kw)
+                 for i in layers)
+    biggest = max(_layer_bytes_per_token(spec, i, recompute="none", **act_kw) for i in layers)
+    working = 0.0
+    if layout.recompute == "full":
+        full = recipe_options.recomputed_fraction(layout, len(layers))
+        kept = sum(_layer_bytes_per_token(spec, i, recompute="none", **act_kw) for i in layers)
+        stored = full * stored + (1.0 - full) * kept
+        working = tokens * biggest  # the layer being recomputed holds everything once
+    host = recipe_options.offloaded_fraction(layout, len(layers))
+    if host:
+        stored *= 1.0 - host
+        working = max(working, tokens * biggest)  # the layer in flight to or from the host
+    return tokens * stored, working
+
+
+def _optimizer_step_phase(spec: ModelSpec, layout: ParallelLayout, stage: int, peak: MemoryBreakdown,
+                          host: float, groups: tuple[int, int], value_head: bool) -> MemoryBreakdown:
+    """The device during the optimizer step: activations freed, and with a bf16 gradient buffer the
+    distributed optimizer's fp32 copy of its shard's gradients (recipe_options.step_grad_copy_bytes_per_param)
+    next to the buffer."""
+    extra = recipe_options.step_grad_copy_bytes_per_param(layout)
+    if not extra:
+        return peak
+    p = device_params(spec, layout, stage=stage, value_head=value_head)
+    owned = _sharded(p, groups) if layout.zero >= 1 else p.total
+    return MemoryBreakdown(weights=peak.weights, gradients=peak.gradients + extra * owned * (1.0 - host),
+                           optimizer=peak.optimizer, buffers=peak.buffers)
 
 
 def training_memory(spec: ModelSpec, layout: ParallelLayout, *, seq_len: float, micro_batch: float,
                     microbatches_in_flight: int | None = None, flash_attention: bool = True,
                     offload_optimizer: bool = False, grad_dtype_bytes: float = 4, value_head: bool = False,
-                    dropout: bool = False) -> MemoryBreakdown:
+                    dropout: bool = False, dtype: str = "bf16") -> MemoryBreakdown:
     """Peak memory of one device in a training step, on the fullest pipeline stage.
 
     weights bf16; gradients `grad_dtype_bytes` per parameter; optimizer 12 bytes per parameter;
@@ -378,12 +436,17 @@ def training_memory(spec: ModelSpec, layout: ParallelLayout, *, seq_len: float, 
     stage's layers times the micro-batches its schedule holds (`microbatches_in_flight`, the
     step's micro-batches per pipeline, caps the schedule's count), plus with full recomputation
     one layer's full activations while it is recomputed, plus the output layer on the last stage.
-    Buffers: the fixed allowance plus, with ZeRO-3, the gathered layers.
+    Buffers: the fixed allowance plus, with ZeRO-3, the gathered layers. `dtype`: the GEMMs' precision
+    (fp8: the linear layers' saved inputs in FP8). The Megatron-Core recipe options of the layout
+    (recompute_modules, recompute_layers, offload_activation_layers, grad_dtype, optimizer_moments):
+    rpeg/perf/recipe_options.py; with a bf16 gradient buffer the optimizer step's own peak (its fp32
+    gradient copy, activations freed) is the peak when it is larger.
     """
     stages = training_memory_stages(spec, layout, seq_len=seq_len, micro_batch=micro_batch,
                                     microbatches_in_flight=microbatches_in_flight,
                                     flash_attention=flash_attention, offload_optimizer=offload_optimizer,
-                                    grad_dtype_bytes=grad_dtype_bytes, value_head=value_head, dropout=dropout)
+                                    grad_dtype_bytes=grad_dtype_bytes, value_head=value_head, dropout=dropout,
+                                    dtype=dtype)
     return max(stages, key=lambda m: m.total)
 
 

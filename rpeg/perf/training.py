@@ -20,14 +20,15 @@ from dataclasses import dataclass
 
 from rpeg.graph.layout import ParallelLayout
 from rpeg.graph.model import ModelSpec
+from rpeg.hardware.device import Device
 from rpeg.hardware.topology import Cluster
-from rpeg.perf import memory, offload
+from rpeg.perf import memory, offload, recipe_options
 from rpeg.perf.collectives import (Group, all_gather_s, all_reduce_s, all_to_all_s, p2p_s, reduce_scatter_s,
                                    tensorwise_all_gather_s)
 from rpeg.perf.compute import BF16, LayerTime, eager_host_s, head_forward, layer_forward
 from rpeg.perf.cost import StageCost
 from rpeg.perf.efficiency import (DP_OVERLAP, HBM, KERNEL_LAUNCH_S, KERNELS_PER_LAYER, OPTIMIZER_BYTES_PER_PARAM,
-                                  host_copy_bytes_per_s, host_time)
+                                  host_copy_bytes_per_s, host_link_bytes_per_s, host_time)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -103,8 +104,8 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
         per_mb = compute + comm
         recompute_s = 0.0
     else:
-        rec = {"full": fwd.seconds + tp_fwd + ep_fwd, "selective": fwd.attention_s, "none": 0.0}[layout.recompute]
-        recompute_s = rec
+        recompute_s = _recompute_s(spec, layout, fwd, dense_l * share, moe_l * share, tp_fwd + ep_fwd,
+                                   layers_per_stage * v)
         compute = 3 * (fwd.seconds + head.seconds) + 3 * launch
         comm = 2 * (tp_fwd + cp_fwd + ep_fwd)
         per_mb = compute + comm + recompute_s
@@ -137,7 +138,7 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
     if not work.forward_only:
         split = memory.device_params(spec, layout)
         dense_params, expert_params = split.dense, split.expert
-        grad_bytes = 4.0  # fp32 main gradients
+        grad_bytes = recipe_options.grad_bytes(layout)  # fp32 main gradients unless the layout's are bf16
         dp_group = Group(dp * cp, tp)
         if layout.zero >= 1:
             sync = reduce_scatter_s(cluster, dense_params * grad_bytes, dp_group) + all_gather_s(
@@ -157,9 +158,11 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
         # ZeRO shards the optimizer state as the memory model does: dense over dp*cp, experts over dp*cp*tp/ep
         dense_dp, expert_dp = memory.data_parallel_groups(spec, layout) if layout.zero >= 1 else (1, 1)
         owned = dense_params / dense_dp + expert_params / expert_dp  # parameters whose optimizer state it keeps
-        opt_s = (1.0 - layout.offload_optimizer) * owned * OPTIMIZER_BYTES_PER_PARAM.value / (
-            dev.hbm_bandwidth_bytes_per_s * HBM[dev.kind].value)
+        opt_s = (1.0 - layout.offload_optimizer) * owned * recipe_options.optimizer_step_traffic_per_param(
+            layout, OPTIMIZER_BYTES_PER_PARAM.value) / (dev.hbm_bandwidth_bytes_per_s * HBM[dev.kind].value)
         host_parts = offload.optimizer_offload_parts(owned, layout, dev)
+        if layout.offload_activation_layers:
+            host_parts += (("activation offload", m * _activation_offload_s(spec, layout, dev, work, mb_seqs, fwd)),)
         if layout.offload_params:  # each micro-batch's forward and backward copy the shards up, overlapped
             fetch = offload.param_fetch_bytes(spec, layout, value_head=work.value_head) / host_copy_bytes_per_s(
                 dev, "weights-in", layout.pageable)
@@ -177,13 +180,13 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
     devices = layout.devices
     flops_dev = (fwd.flops + head.flops / pp) * (1 if work.forward_only else 3) * m  # per device, on average
     if not work.forward_only and layout.recompute == "full":
-        flops_dev += fwd.flops * m
+        flops_dev += fwd.flops * m * recipe_options.recomputed_fraction(layout, round(layers_per_stage))
     if work.forward_only:
         mem = memory.inference_memory(spec, layout, seq_len=work.seq_len, micro_batch=mb_seqs,
                                       value_head=work.value_head)
     else:
         mem = memory.training_memory(spec, layout, seq_len=work.seq_len, micro_batch=mb_seqs,
-                                     value_head=work.value_head)
+                                     microbatches_in_flight=m, value_head=work.value_head, dtype=work.dtype)
     bubble_s = bubble_mbs * bubble_mb * steps
     comm_s = (m * (comm + p2p) + dp_s) * steps
     compute_s = (m * (compute + recompute_s)) * steps
@@ -203,3 +206,40 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
                      memory_parts=mem.parts(), devices=devices, microbatches=m * steps,
                      parts=tuple(p for p in parts if p[1] > 0))
 
+
+
+def _recompute_s(spec: ModelSpec, layout: ParallelLayout, fwd: LayerTime, dense_layers: float, moe_layers: float,
+                 comm_s: float, stage_layers: float) -> float:
+    """Forward work re-run in the backward of one micro-batch on one stage. Full: the recomputed
+    fraction of the stage's layers (recipe_options.recomputed_fraction) with their tensor- and
+    expert-parallel collectives. Selective: the attention core (core_attn) plus the GEMM and
+    elementwise shares of the other modules (recipe_options), per layer kind."""
+    if layout.recompute == "full":
+        return recipe_options.recomputed_fraction(layout, round(stage_layers)) * (fwd.seconds + comm_s)
+    if layout.recompute != "selective":
+        return 0.0
+    modules = recipe_options.selective_modules(layout)
+    s = fwd.attention_s if "core_attn" in modules else 0.0
+    layers = dense_layers + moe_layers
+    if not layers:
+        return s
+    for count, moe_layer in ((dense_layers, False), (moe_layers, True)):
+        if count:
+            gemm = recipe_options.selective_recompute_share(spec, modules, moe_layer)
+            elem = recipe_options.elementwise_recompute_share(spec, modules, moe_layer)
+            s += count / layers * (gemm * fwd.gemm_s + elem * fwd.elementwise_s)
+    return s
+
+
+def _activation_offload_s(spec: ModelSpec, layout: ParallelLayout, dev: Device, work: PassWorkload, mb_seqs: float,
+                          fwd: LayerTime) -> float:
+    """Exposed time of one micro-batch's activation offload (offload_activation_layers): the offloaded
+    layers' stored activations go to the host during the forward and come back during the backward over
+    the host link (efficiency.host_link_bytes_per_s: PCIe or NVLink-C2C, pinned buffers), each copy
+    overlapped with that pass's compute (backward: twice the forward)."""
+    per_layer = memory.activation_bytes_per_layer(spec, seq_len=work.seq_len, micro_batch=mb_seqs, tp=layout.tp,
+                                                  sequence_parallel=layout.sequence_parallel,
+                                                  recompute=layout.recompute, cp=layout.cp)
+    copy = layout.offload_activation_layers * per_layer / host_link_bytes_per_s(dev)
+    forward = fwd.seconds  # the stage's layers: the whole model (offload needs pp = 1)
+    return max(0.0, copy - forward) + max(0.0, copy - 2 * forward)

@@ -15,6 +15,9 @@ Assumptions the schema leaves open, the same for every entry:
 - training entries default to what Megatron-LM 2022 ran: unfused attention (their Table 5
   predates FlashAttention in Megatron), fp16, the distributed optimizer off (dp = 1 in every row);
   an entry of another stack says `dtype`, `flash_attention` and `zero` (TRAIN_OPTIONS).
+- training entries may carry the Megatron-Core recipe options that set a run's memory
+  (`recompute_modules`, `recompute_layers`, `offload_activation_layers`, `grad_dtype`,
+  `optimizer_moments`, `pp_embedding_loss_slots`: rpeg/perf/recipe_options.py); without them, none.
 - training entries' run conditions that the cost model has no mechanism for yet (`routing`,
   `cuda_graphs`, `dispatcher`, `ep_overlap`, `packing`, and `etp` beyond its check) are parsed,
   checked and printed with the entry's result (its note), and change no prediction.
@@ -39,6 +42,7 @@ from typing import Any
 from rpeg.algorithms import Models, build_graph
 from rpeg.errors import RpegError
 from rpeg.graph import Job, Kind, LengthDistribution, ModelSpec, ParallelLayout
+from rpeg.graph.layout import RECOMPUTE_MODULES
 from rpeg.graph.bounds import MAX_SECONDS, problem, show
 from rpeg.graph.serde import from_data, read_yaml_file
 from rpeg.hardware import load_cluster
@@ -70,10 +74,13 @@ TRAIN_KEYS = {"id", "system", "model", "gpus", "tp", "pp", "dp", "cp", "ep", "gl
               "recompute", "pp_interleave", "measured_iteration_s", "sequence_parallel", "notes", "source",
               "measured_tokens_per_s_per_gpu", "measured_model_tflops_per_gpu", "model_gflop_per_token", "etp", "zero",
               "offload_optimizer",
-              "dtype", "flash_attention", "routing", "cuda_graphs", "dispatcher", "ep_overlap", "packing"}
-# A training entry's named options: key -> (allowed values, what it means). The first four reach the
-# cost model (PassWorkload / ParallelLayout); the others it has no mechanism for yet: they are checked,
-# printed beside the result, and change nothing.
+              "dtype", "flash_attention", "routing", "cuda_graphs", "dispatcher", "ep_overlap", "packing",
+              "recompute_modules", "recompute_layers", "offload_activation_layers", "grad_dtype", "optimizer_moments",
+              "pp_embedding_loss_slots"}
+# A training entry's named options: key -> (allowed values, what it means). All but IGNORED_OPTIONS reach
+# the cost model (PassWorkload / ParallelLayout, with recompute_modules, recompute_layers and
+# offload_activation_layers: _recipe_options); the ignored ones it has no mechanism for yet: they are
+# checked, printed beside the result, and change nothing.
 TRAIN_OPTIONS: dict[str, tuple[tuple[Any, ...], str]] = {
     "dtype": (("fp16", "bf16", "fp8"), "compute precision of the GEMMs (fp8: FP8 tensor-core rate, any scaling)"),
     "flash_attention": ((False, True), "a fused attention kernel (TE / FlashAttention) instead of Megatron-2022's"),
@@ -84,6 +91,10 @@ TRAIN_OPTIONS: dict[str, tuple[tuple[Any, ...], str]] = {
     "dispatcher": (("alltoall", "allgather", "deepep", "hybridep"), "MoE token dispatcher (flex backends by name)"),
     "ep_overlap": ((False, True), "expert-parallel all-to-all overlapped with another micro-batch's compute"),
     "packing": ((False, True), "several documents packed into each seq-long sample (attention per document)"),
+    "grad_dtype": (("fp32", "bf16"), "the gradient buffer (bf16: Megatron-Bridge's grad_reduce_in_fp32 false)"),
+    "optimizer_moments": (("fp32", "bf16"), "Adam's moments (bf16: the precision-aware optimizer)"),
+    "pp_embedding_loss_slots": ((False, True), "the embedding and the loss each take a layer's slot of the pipeline "
+                                               "split (account_for_embedding/loss_in_pipeline_split)"),
 }
 IGNORED_OPTIONS = ("routing", "cuda_graphs", "dispatcher", "ep_overlap", "packing")
 TOKENS_CHECK = 0.05  # measured_iteration_s and measured_tokens_per_s_per_gpu, both given, agree this closely
@@ -154,6 +165,38 @@ def _conditions(entry: dict, spec: ModelSpec, tp: int, ep: int, where: str) -> t
     return etp, ", ".join(shown)
 
 
+def _recipe_options(entry: dict, recompute: str, pp: int, where: str) -> dict[str, Any]:
+    """The entry's Megatron-Core recipe options (ParallelLayout fields; rpeg/perf/recipe_options.py),
+    checked here so that an error names the entry and the key."""
+    out: dict[str, Any] = {}
+    if "recompute_modules" in entry:
+        modules = entry["recompute_modules"]
+        if not isinstance(modules, list) or not modules or not all(m in RECOMPUTE_MODULES for m in modules):
+            raise RpegError(f"{where}.recompute_modules: {modules!r:.80} is not a list of "
+                            f"{', '.join(RECOMPUTE_MODULES)} (Megatron's recompute_modules)")
+        if recompute != "selective":
+            raise RpegError(f"{where}.recompute_modules: needs recompute: selective, not {recompute!r}")
+        out["recompute_modules"] = tuple(modules)
+    if "recompute_layers" in entry:
+        if recompute != "full":
+            raise RpegError(f"{where}.recompute_layers: needs recompute: full, not {recompute!r} (recompute_method "
+                            "block, recompute_num_layers)")
+        out["recompute_layers"] = _value(entry, "recompute_layers", where, int)
+    if "offload_activation_layers" in entry:
+        if pp > 1:
+            raise RpegError(f"{where}.offload_activation_layers: needs pp = 1, not {pp} (Megatron-Core's "
+                            "cpu_offloading has no pipeline support)")
+        out["offload_activation_layers"] = _value(entry, "offload_activation_layers", where, int)
+    for key in ("grad_dtype", "optimizer_moments"):
+        if key in entry:
+            out[key] = _option(entry, key, where, "fp32")
+    if _option(entry, "pp_embedding_loss_slots", where, False):
+        if pp == 1:
+            raise RpegError(f"{where}.pp_embedding_loss_slots: needs pp > 1 (it moves layers between pipeline stages)")
+        out["pp_embedding_loss_slots"] = True
+    return out
+
+
 def _measured_iteration(entry: dict, tokens: int, gpus: int, where: str) -> float:
     """measured_iteration_s, or the iteration that measured_tokens_per_s_per_gpu implies (global_batch x
     seq tokens per iteration), or, where only model TFLOP/s were published, the iteration that
@@ -212,7 +255,7 @@ def predict_training(entry: dict, models: dict[str, ModelSpec], where: str) -> R
         raise RpegError(f"{where}.sequence_parallel: true needs tp > 1")
     layout = ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, recompute=recompute, sequence_parallel=sp,
                             pp_interleave=_get(entry, "pp_interleave", where, 1), pp_uneven=bool(spec.layers % pp),
-                            zero=zero, offload_optimizer=float(offload))
+                            zero=zero, offload_optimizer=float(offload), **_recipe_options(entry, recompute, pp, where))
     cluster = load_cluster(_need(entry, "system", where, str), gpus)
     seq, batch = _need(entry, "seq", where), _need(entry, "global_batch", where)
     micro = _need(entry, "micro_batch", where)

@@ -38,6 +38,10 @@ def check_plan(graph: Graph) -> None:
         if lay and (lay.offload_optimizer or lay.offload_params):
             raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime keeps the optimizer state and "
                             "the parameters on the devices; offload to the host is planned, not executed")
+        if lay and lay.recipe_options():
+            raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime runs none of Megatron-Core's "
+                            "recipe options (recompute modules or layers, activation offload, bf16 gradients or "
+                            "moments, embedding/loss pipeline slots); they are planned, not executed")
         if s.kind is Kind.REWARD and s.model is not None and lay is not None and lay.devices != lay.dp:
             raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime runs a reward model data "
                             "parallel only (one scorer per device)")

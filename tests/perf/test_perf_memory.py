@@ -151,8 +151,9 @@ def test_moe_activations_scale_with_experts_per_token():
     m = get_model("qwen3-30B-A3B")
     one = activation_bytes_per_layer(m, seq_len=1, micro_batch=1)
     two = activation_bytes_per_layer(m.replace(experts_per_token=16), seq_len=1, micro_batch=1)
-    # 8 more routed copies, each with input and output (2 x 2h) and gate, up, product (3 x 2 x 768)
-    assert two - one == 8 * (4 * m.hidden + 6 * m.moe_ffn)
+    # 8 more routed copies, each with its input (2h; not its output: Megatron-Core weights by the routing
+    # probability inside the activation) and gate, up, product (3 x 2 x 768)
+    assert two - one == 8 * (2 * m.hidden + 6 * m.moe_ffn)
 
 
 def test_output_layer_keeps_fp32_logits():

@@ -75,3 +75,20 @@ def test_a_forward_pass_on_sharded_training_workers_must_say_zero_3():
     with pytest.raises(RpegError, match="actor_logprobs runs on actor_update's data-parallel workers.*zero = 3"):
         check_plan(plan(0))
     check_plan(plan(3))  # the reference is a whole copy per device: zero 0 is what runs
+
+
+def test_megatron_recipe_options_are_planned_not_executed():
+    import pytest
+
+    from rpeg.errors import RpegError
+    from rpeg.runtime.plan_check import check_plan
+
+    g = colocate(build_graph("grpo", job(), Models(actor=TINY), kl_coef=0.04), 2)
+    for s in g.stages:
+        if s.model and s.kind.value != "sync":
+            g = lay(g, s.name, dp=2, zero=3 if s.kind.value in ("train", "infer") and s.model == "actor" else 0)
+    check_plan(g)
+    update = g.stage("actor_update")
+    g = g.with_stages([update.replace(layout=update.layout.replace(grad_dtype="bf16"))])
+    with pytest.raises(RpegError, match="actor_update.*grads-bf16: the runtime runs none of Megatron-Core's"):
+        check_plan(g)
