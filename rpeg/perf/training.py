@@ -105,7 +105,7 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
         recompute_s = 0.0
     else:
         recompute_s = _recompute_s(spec, layout, fwd, dense_l * share, moe_l * share, tp_fwd + ep_fwd,
-                                   layers_per_stage * v)
+                                   layers_per_stage)
         compute = 3 * (fwd.seconds + head.seconds) + 3 * launch
         comm = 2 * (tp_fwd + cp_fwd + ep_fwd)
         per_mb = compute + comm + recompute_s

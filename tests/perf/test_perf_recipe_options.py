@@ -141,3 +141,18 @@ def test_bad_recipe_options_are_refused_in_one_line(changes, needle):
     with pytest.raises(RpegError) as info:
         ParallelLayout(dp=1, **changes)
     assert needle in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+def test_recompute_layers_count_per_model_chunk():
+    """pp 2 with 2 virtual stages: a rank's 18 layers are 2 chunks of 9; 3 layers recomputed per chunk is 6
+    of 18, a third of what full recomputation of every layer re-runs."""
+    from rpeg.hardware import load_cluster
+    from rpeg.perf.training import PassWorkload, pass_cost
+
+    cluster = load_cluster("dgx-h100", 16)
+    work = PassWorkload(sequences=64, seq_len=4096, attention_context=2048.5, dtype="bf16")
+    lay = ParallelLayout(dp=8, pp=2, pp_interleave=2, zero=1)
+    assert recipe_options.recomputed_fraction(lay.replace(recompute="full", recompute_layers=3), 18) == 6 / 18
+    none, full, part = (pass_cost("t", QWEN8, x, cluster, work).seconds for x in (
+        lay, lay.replace(recompute="full"), lay.replace(recompute="full", recompute_layers=3)))
+    assert part - none == pytest.approx((full - none) / 3, rel=1e-9)
