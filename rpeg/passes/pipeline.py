@@ -30,7 +30,7 @@ from rpeg.passes.streaming import stream
 
 # name -> (function, what it does in one line)
 PASSES: dict[str, tuple[Callable[..., Graph], str]] = {
-    "bound_asynchrony": (bound_asynchrony, "generation may run up to k steps ahead, in_flight steps' prompts at once"),
+    "bound_asynchrony": (bound_asynchrony, "generation may run up to k steps ahead of training"),
     "share_actor_critic": (share_actor_critic, "critic becomes a value head on the actor"),
     "fuse": (fuse, "stages run as one pass over the same micro-batches"),
     "stream": (stream, "consumers start on micro-batches as producers finish them"),
