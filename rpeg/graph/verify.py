@@ -144,6 +144,9 @@ def _weights(g: Graph) -> list[Violation]:
             out.append(Violation("reference-on-host", f"reference weights on the host: {why}"))
     if g.async_bound < 0:
         out.append(Violation("async-bound", f"async bound k = {g.async_bound} must be >= 0"))
+    if not 1 <= g.in_flight <= max(1, g.async_bound):
+        out.append(Violation("in-flight", f"{g.in_flight} steps' prompts in flight: generation runs at most k = "
+                                          f"{g.async_bound} steps ahead, so 1 to {max(1, g.async_bound)}"))
     trained: dict[str, list[str]] = {}
     for s in g.stages:
         if s.kind is Kind.TRAIN and s.model is not None:

@@ -7,7 +7,11 @@ runs until its longest response is done, with a shrinking batch at the end. The 
 is the one the step waits for: it holds the longest response of the whole batch (an order
 statistic of all the sequences, not of one engine's share; `critical_lengths`). With partial
 rollout (responses carried across steps, `rpeg.passes.partial_rollout`) the engine never drains,
-and a step costs the time one more step's sequences add to an engine that keeps running.
+and a step costs the time one more step's sequences add to an engine that keeps running. The same
+holds when the system keeps several steps' prompts in flight (`Graph.in_flight` > 1, NeMo-RL's
+async GRPO: rpeg/passes/asynchrony.py): the engine's batch then holds up to that many steps'
+sequences, as many as MAX_NUM_SEQS and the KV cache admit, and a step costs one step's sequences
+at that steady occupancy; the long tail is paid once, not every step.
 
 The engine admits sequences while fewer than MAX_NUM_SEQS run and their KV cache fits in what
 the weights leave of `gpu_memory_utilization` x HBM; when growing sequences would overflow it,
@@ -45,6 +49,10 @@ _GOLDEN = (math.sqrt(5) - 1) / 2
 # state, so the simulated times are scaled by n / SIM_SEQUENCES. This keeps the cost of a stage
 # bounded whatever the batch (`rpeg plan` at 131,072 sequences on 8 GPUs took 70 s before).
 SIM_SEQUENCES = 4_096
+# An engine that never drains is priced over steps through which its batch turns over this many
+# times, so that the last, partial wave of sequences that started together (similar lengths finish
+# together) weighs at most 1/8 of a step (`steady_state`).
+STEADY_WAVES = 8
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,6 +62,7 @@ class GenWorkload:
     response: LengthDistribution
     dtype: str = "bf16"
     partial: bool = False  # partial rollout: the engine never drains between steps (passes/rollout.py)
+    in_flight: int = 1  # steps whose sequences the engine may hold at once (Graph.in_flight); > 1: never drains
 
 
 def response_lengths(dist: LengthDistribution, n: int) -> list[float]:
@@ -126,8 +135,10 @@ def _prefill_s(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, tokens
 
 
 def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, *, n: int, prompt: float,
-                      lengths: list[float], capacity_tokens: float, dtype: str = "bf16") -> dict[str, float]:
-    """Run one engine instance over `n` sequences; returns seconds by part and counts."""
+                      lengths: list[float], capacity_tokens: float, dtype: str = "bf16",
+                      max_seqs: int | None = None) -> dict[str, float]:
+    """Run one engine instance over `n` sequences, at most `max_seqs` (MAX_NUM_SEQS) running at once;
+    returns seconds by part and counts."""
     step = _StepModel(spec, layout, cluster, dtype)
     queue = list(range(n))[::-1]  # pop() takes the next sequence in order
     done_tokens = [0.0] * n  # generated so far (kept across preemption for the recompute prefill)
@@ -136,7 +147,7 @@ def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster,
     now = 0.0  # decode steps taken
     decode_s = prefill_s = comm_s = overhead_s = 0.0
     preemptions = 0
-    max_seqs = int(MAX_NUM_SEQS.value)
+    max_seqs = int(MAX_NUM_SEQS.value) if max_seqs is None else max(1, int(max_seqs))
     start_step: dict[int, float] = {}
     longest = max(lengths[:n], default=0.0)
     if prompt + longest > capacity_tokens:  # admission lets a lone sequence in, so check here
@@ -200,6 +211,20 @@ def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster,
             "engine step overhead": overhead_s, "decode_steps": now, "preemptions": preemptions}
 
 
+def steady_state(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, *, n: int, lengths: list[float],
+                 ahead: int, max_seqs: int, steps: int = 1, **kw) -> dict[str, float]:
+    """What one more step's `n` sequences cost an engine that never drains: (T((ahead + steps) n) -
+    T(ahead n)) / steps, the engine admitting at most `max_seqs` at once. Once `ahead` steps'
+    sequences fill the batch, the next steps' run through it at that occupancy; both runs end with
+    the same tail, so the difference holds none of it (the tail is paid once, not every step).
+    Sequences of similar lengths admitted together finish together, in waves of the batch: over
+    `steps` steps a last partial wave weighs 1 / steps as much."""
+    one = simulate_instance(spec, layout, cluster, n=ahead * n, lengths=lengths * ahead, max_seqs=max_seqs, **kw)
+    two = simulate_instance(spec, layout, cluster, n=(ahead + steps) * n, lengths=lengths * (ahead + steps),
+                            max_seqs=max_seqs, **kw)
+    return {k: max(0.0, two[k] - one[k]) / steps for k in one}
+
+
 def carried_recompute_s(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, work: GenWorkload,
                         capacity: float) -> float:
     """Partial rollout: the responses in flight at the weight update carry into the next step with
@@ -239,16 +264,27 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
                          capacity_bytes=dev.hbm_capacity_bytes,
                          memory_parts=(("weights", weights), ("kv_cache", need - weights)), devices=layout.devices,
                          parts=(("does not fit", math.inf),))
-    sim_n = min(n, SIM_SEQUENCES)
     kw = dict(prompt=work.prompt_len, capacity_tokens=capacity, dtype=work.dtype)
+    max_seqs = int(MAX_NUM_SEQS.value)
     if work.partial:
         # Never draining: a step costs what one more step's sequences add to an engine that keeps
-        # running, T(2n) - T(n); the tail of the longest response is paid once, not every step.
-        lengths = response_lengths(work.response, sim_n)
-        one = simulate_instance(spec, layout, cluster, n=sim_n, lengths=lengths, **kw)
-        two = simulate_instance(spec, layout, cluster, n=2 * sim_n, lengths=lengths + lengths, **kw)
-        sim = {k: max(0.0, two[k] - one[k]) for k in one}
+        # running, T(2n) - T(n), its batch kept full (responses carried across steps); the tail of
+        # the longest response is paid once, not every step.
+        sim_n = min(n, SIM_SEQUENCES)
+        sim = steady_state(spec, layout, cluster, n=sim_n, lengths=response_lengths(work.response, sim_n), ahead=1,
+                           max_seqs=max_seqs, **kw)
+    elif work.in_flight > 1:
+        # Several steps' prompts in flight (rpeg/passes/asynchrony.py): the batch holds up to
+        # in_flight steps' sequences, of which the KV cache admits what it can; a step costs one
+        # step's sequences at that occupancy, averaged over enough steps that STEADY_WAVES batches
+        # turn over (a step's share simulated up to SIM_SEQUENCES / (s + 1), like the drained case).
+        s = work.in_flight
+        batch = min(max_seqs, s * n)
+        sim_n = min(n, max(1, SIM_SEQUENCES // (s + 1)))
+        sim = steady_state(spec, layout, cluster, n=sim_n, lengths=response_lengths(work.response, sim_n), ahead=s,
+                           max_seqs=batch, steps=max(1, math.ceil(STEADY_WAVES * batch / sim_n)), **kw)
     else:
+        sim_n = min(n, SIM_SEQUENCES)
         lengths = critical_lengths(work.response, sim_n, work.sequences)
         sim = simulate_instance(spec, layout, cluster, n=sim_n, lengths=lengths, **kw)
     scale = n / sim_n

@@ -67,7 +67,8 @@ def stage_cost(graph: Graph, stage: Stage, cluster: Cluster) -> StageCost:
     spec = graph.model(stage.model).spec
     if stage.kind is Kind.GENERATE:
         work = GenWorkload(sequences=graph.stage_sequences(stage), prompt_len=graph.job.prompt_len,
-                           response=graph.job.response, partial=graph.partial_rollout)
+                           response=graph.job.response, partial=graph.partial_rollout,
+                           in_flight=graph.in_flight)
         colocated = _shares_with_training(graph, stage)
         cost = generation_cost(stage.name, spec, stage.layout, cluster, work, colocated=colocated)
         return _with_resident_state(graph, stage, cost) if colocated else cost

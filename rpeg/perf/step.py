@@ -9,7 +9,9 @@ Bounded asynchrony (k >= 1): generation of step t + 1 needs only the weights of 
 stages on disjoint devices overlap across steps. The steady-state step time is the larger of
 (a) the busiest device group's work per step (the weight sync counts on both sides: the engine
 pauses while new weights arrive) and (b) the dependency cycle generation -> ... -> training ->
-sync -> generation, which spans 1 + k steps.
+sync -> generation, which spans 1 + k steps (1 + k - (s - 1) with s steps' prompts in flight:
+`scheduled_distance`). With s > 1 the generation stage's cost is already one step's share of an
+engine that never drains (rpeg/perf/generation.py), so (a) is its steady state.
 """
 
 from __future__ import annotations
@@ -95,6 +97,17 @@ def _step(graph: Graph, costs: dict[str, StageCost], switch, gpus: int) -> StepP
                           sequences=job.sequences, tokens=job.sequences * job.mean_seq_len, gpus=gpus)
 
 
+def scheduled_distance(graph: Graph, edge) -> int:
+    """The steps a weight edge spans between the tasks that price one step's work. With in_flight = s
+    steps' prompts in flight (rpeg/passes/asynchrony.py) a step's sequences enter the engine s - 1
+    steps of engine time before the step that is charged their cost ends them: its first admission
+    needs the weights of step t - k, which is the generation task of step t reading what was written
+    1 + k - (s - 1) steps before it. Every other edge: its own distance."""
+    if graph.in_flight > 1 and graph.stage(edge.dst).kind is Kind.GENERATE:
+        return edge.distance - (graph.in_flight - 1)
+    return edge.distance
+
+
 def weight_cycle(graph: Graph, schedule: dict[str, tuple[float, float]],
                  costs: dict[str, StageCost]) -> tuple[float, str]:
     """The longest weight cycle per step: for every stage that reads a trained model's weights
@@ -102,12 +115,14 @@ def weight_cycle(graph: Graph, schedule: dict[str, tuple[float, float]],
     reader's step t + d cannot start before the writer's step t ends, so d steps take at least the
     path from the reader's start to the writer's end in one step's schedule (the paper's
     max{D_G + D_A, D_T} for generation; a critic whose forward reads the weights its own update
-    writes at distance 1 closes a one-step cycle whatever the generation's bound). A streamed
+    writes at distance 1 closes a one-step cycle whatever the generation's bound; with several steps'
+    prompts in flight, generation's distance is `scheduled_distance`). A streamed
     reader's span in one step's schedule is stretched by its producer; on the cycle it counts from
     where its own work would start, its end less its duration."""
     fused = {n: g for g in graph.fusion for n in g}
     best, label = 0.0, ""
     for e in graph.weight_edges():
+        e = dataclasses.replace(e, distance=scheduled_distance(graph, e))
         if e.distance < 1 or e.src not in schedule or e.dst not in schedule:
             continue
         members = fused.get(e.dst, (e.dst,))

@@ -347,7 +347,8 @@ def nemo_rl_plan(run: NemoRlRun, where: str):
     baseline's); colocated, or generation on `gen_gpus` devices."""
     spec = run.model
     g = build_graph(run.algorithm, run.job, Models(actor=spec), kl_coef=NEMO_RL_KL.value)
-    g = bound_asynchrony(g, run.async_bound)
+    # NeMo-RL keeps num_prompts_per_step x max_trajectory_age_steps prompts in flight (rpeg/passes/asynchrony.py)
+    g = bound_asynchrony(g, run.async_bound, in_flight=max(1, run.async_bound))
     gpus = run.gpus
     if run.colocated:
         groups, gen_gpus, train_gpus = {"all": gpus}, gpus, gpus

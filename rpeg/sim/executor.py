@@ -13,6 +13,10 @@ Among startable tasks the earlier step goes first, then the graph's order; a tas
 busy devices holds them against later tasks (the rest of a unit's step under way excepted), and
 host-side work that takes no time is done at once. Every generation task records the actor
 version it sampled with; staleness never exceeds k by construction, and the timeline checks it.
+With several steps' prompts in flight (Graph.in_flight = s), a generation task is one step's
+share of an engine that never drains: that step's sequences entered s - 1 tasks earlier, with the
+version that task started with, which is the version recorded, and the weight edge into
+generation spans 1 + k - (s - 1) tasks (perf/step.py `scheduled_distance`).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from rpeg.graph import Graph, Kind
 from rpeg.hardware.topology import Cluster
 from rpeg.perf.cost import StageCost
 from rpeg.perf.stages import stage_cost
-from rpeg.perf.step import SWITCH, _context_switch, fused_seconds
+from rpeg.perf.step import SWITCH, _context_switch, fused_seconds, scheduled_distance
 from rpeg.sim.core import Simulator
 from rpeg.sim.timeline import GroupStats, Record, Timeline
 
@@ -80,8 +84,8 @@ class _Plan:
             if a != b:
                 preds[b].add(a)
         self.preds = preds
-        self.weights = [(self.unit_of[e.src], self.unit_of[e.dst], e.distance) for e in graph.weight_edges()
-                        if self.unit_of[e.src] != self.unit_of[e.dst] or e.distance > 0]
+        self.weights = [(self.unit_of[e.src], self.unit_of[e.dst], scheduled_distance(graph, e))
+                        for e in graph.weight_edges() if self.unit_of[e.src] != self.unit_of[e.dst] or e.distance > 0]
         self.order = {u: i for i, u in enumerate(self.units)}
         self.group_label = {u: self._group_label(u) for u in self.units}
 
@@ -155,6 +159,8 @@ def _run(graph: Graph, plan: _Plan, tasks: dict, steps: int, cluster: Cluster) -
     records: list[Record] = []
     synced = {"version": 0}  # the actor version the engine holds
     gen_units = {u for u in plan.units if plan.kind[u] is Kind.GENERATE}
+    admitted: dict[tuple[str, int], int] = {}  # (unit, step) -> the version its generation task started with
+    ahead = graph.in_flight - 1  # a step's sequences entered the engine this many generation tasks earlier
     half_switch = plan.switch_s / 2
 
     class Done:
@@ -188,7 +194,8 @@ def _run(graph: Graph, plan: _Plan, tasks: dict, steps: int, cluster: Cluster) -
             t.started, t.start = True, s.now + pay
             t.end = t.start + t.seconds
             if t.unit in gen_units:
-                t.version = synced["version"]
+                admitted.setdefault((t.unit, t.step), synced["version"])
+                t.version = admitted[(t.unit, max(0, t.step - ahead))]
             for d in t.devices:
                 busy_until[d] = t.end
                 if t.role in ("engine", "trainer"):
