@@ -19,6 +19,10 @@ STATE_PARTS = ("weights", "gradients", "optimizer")
 # the host copies a trainer makes, by part and direction (out: device to host, in: host to device);
 # ParallelLayout.pageable names those made through pageable host memory (rpeg/perf/offload.py)
 HOST_COPIES = ("weights-out", "weights-in", "gradients-out", "optimizer-out", "optimizer-in")
+# how an MoE stage runs (rpeg/perf/moe.py prices each): the token dispatcher, the CUDA-graph scope and the routing
+DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
+CUDA_GRAPHS = ("none", "partial", "full")
+ROUTINGS = ("balanced", "natural")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,6 +84,16 @@ class ParallelLayout:
     weights with module.cpu() / module.to(device): ["weights"]; its Megatron backend copies them out
     with .cpu().pin_memory(): ["weights-out"]; DeepSpeed with pin_memory false and Megatron-Core's
     --no-pin-cpu-grads / --no-pin-cpu-params: ["gradients-out", "weights-in"] (rpeg/perf/offload.py).
+
+    MoE execution (rpeg/perf/moe.py): dispatcher: the token dispatcher of the expert-parallel
+    exchange (Megatron's --moe-token-dispatcher-type alltoall / allgather, its flex dispatcher with the
+    DeepEP or HybridEP backend; vLLM's all2all backend); ep_overlap: the all-to-all of one micro-batch
+    overlapped with another's compute (Megatron's --overlap-moe-expert-parallel-comm); cuda_graphs: none,
+    partial (the attention and dense parts captured, Megatron's --cuda-graph-scope) or full (the whole
+    iteration); routing: balanced (forced, as benchmarks run: --moe-router-force-load-balancing) or
+    natural (the learned router: the busiest expert-parallel rank sets the time). The defaults are
+    what the model assumed before these knobs: per-(token, expert) all-to-all, not overlapped, no
+    graphs, balanced.
     """
 
     dp: int = 1
@@ -98,6 +112,10 @@ class ParallelLayout:
     offload_params: bool = False
     resident: tuple[str, ...] = ()
     pageable: tuple[str, ...] = ()
+    dispatcher: str = "alltoall"
+    ep_overlap: bool = False
+    cuda_graphs: str = "none"
+    routing: str = "balanced"
 
     def __post_init__(self) -> None:
         bad = [f"{f} = {getattr(self, f)}" for f in ("dp", "tp", "pp", "cp", "ep", "pp_interleave", "micro_batch")
@@ -136,6 +154,15 @@ class ParallelLayout:
                             f"not a host copy; the copies are {', '.join(HOST_COPIES)} (a part alone names both "
                             "its directions)")
         object.__setattr__(self, "pageable", tuple(c for c in HOST_COPIES if c in wanted))
+        for name, allowed in (("dispatcher", DISPATCHERS), ("cuda_graphs", CUDA_GRAPHS), ("routing", ROUTINGS)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise RpegError(f"parallel layout: {name} = {value!r} must be one of {', '.join(allowed)}")
+        if not isinstance(self.ep_overlap, bool):
+            raise RpegError(f"parallel layout: ep_overlap = {self.ep_overlap!r} must be true or false")
+        if self.ep_overlap and self.ep == 1:
+            raise RpegError("parallel layout: ep_overlap needs ep > 1 (there is no expert-parallel all-to-all to "
+                            "overlap)")
 
     def replace(self, **changes) -> ParallelLayout:
         return dataclasses.replace(self, **changes)
