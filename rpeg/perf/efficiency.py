@@ -121,6 +121,11 @@ MOE_KERNELS_PER_EXPERT = {  # per local expert, per MoE layer forward
                         "general_grouped_gemm over streams), so the host launches two GEMMs per expert"),
     "fp8": Factor(4.0, "... and in fp8 each expert's input is quantized by a kernel of its own before each GEMM"),
 }
+MOE_HOST_OP_S = Factor(
+    13.5e-6, "host time of one framework op when the GPU waits for it (after the MoE dispatcher's device-to-host "
+             "sync, nothing is queued): a Transformer Engine Linear forward took 13.5 us of CPU time on a DGX H100's "
+             "Xeon 8480C (TransformerEngine issue #2053, 2025; HOST_TIME scales it on Grace); taken per kernel of "
+             "MOE_LAYER_KERNELS, an approximation to be fitted with it")
 EP_OVERLAP_SM_SHARE = Factor(
     0.18, "an all-to-all overlapped with compute runs its kernels on SMs the compute loses meanwhile: DeepEP's "
           "normal kernels take 24 of an H100's 132 SMs (its README's tests; vLLM's default is 20)")

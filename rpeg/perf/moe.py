@@ -24,9 +24,11 @@ GEMMs and the host time of an MoE layer. Pure functions; `compute.layer_forward`
   (`quantize_bytes`). Both are why fp8 buys little on small experts: they do not shrink with the rate.
 - Host time: an MoE layer's forward launches MOE_LAYER_KERNELS kernels plus MOE_KERNELS_PER_EXPERT per
   local expert. The dropless dispatcher copies the per-expert token counts to the host every layer
-  (a device-to-host sync), so the host cannot queue the layer's kernels ahead of the GPU and their
-  launch time adds to the layer's. Full CUDA graphs (ParallelLayout.cuda_graphs = full) remove it;
-  partial graphs capture the attention and dense parts only (`moe_launches`).
+  (a device-to-host sync; DeepEP and HybridEP wait on the host for their receive counts likewise), so
+  in the forward the host cannot queue the layer's kernels ahead of the GPU and each costs the host
+  time of one framework op (MOE_HOST_OP_S); the backward, without a sync, costs each of its kernels
+  its launch and tail (KERNEL_LAUNCH_S; `moe_host_s`). Full CUDA graphs (ParallelLayout.cuda_graphs =
+  full) remove both; partial graphs capture the attention and dense parts only (`moe_launches`).
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ from dataclasses import dataclass
 from rpeg.graph.model import ModelSpec
 from rpeg.hardware.topology import Cluster
 from rpeg.perf.collectives import Group, exchange_s
-from rpeg.perf.efficiency import (EP_OVERLAP_SM_SHARE, GEMM_ROWS_HALF, GROUPED_GEMM_ROWS_HALF, MOE_KERNELS_PER_EXPERT,
-                                  MOE_LAYER_KERNELS, ROUTING_LOAD_CV)
+from rpeg.perf.efficiency import (EP_OVERLAP_SM_SHARE, GEMM_ROWS_HALF, GROUPED_GEMM_ROWS_HALF, KERNEL_LAUNCH_S,
+                                  MOE_HOST_OP_S, MOE_KERNELS_PER_EXPERT, MOE_LAYER_KERNELS, ROUTING_LOAD_CV)
 
 BF16 = 2
 # fp8 GEMM inputs: Transformer Engine's cast-transpose reads the bf16 input (2 B) and writes it in fp8 (1 B) and,
@@ -151,6 +153,15 @@ def quantize_bytes(spec: ModelSpec, assignments: float, tp: int, dtype: str) -> 
 
 def local_experts(spec: ModelSpec, ep: int) -> float:
     return spec.experts / max(1, ep)
+
+
+def moe_host_s(kernels: float, host: float) -> tuple[float, float]:
+    """(forward, backward) host time of `kernels` kernels of MoE layers' forward, on a host `host` times
+    as slow as the x86 reference (HOST_TIME). In the forward the dispatcher's device-to-host sync leaves
+    the GPU waiting for the host, so each kernel costs the host time of one framework op (MOE_HOST_OP_S);
+    the backward (twice the kernels) has no sync, the host runs ahead, and each costs its launch and
+    tail (KERNEL_LAUNCH_S)."""
+    return kernels * MOE_HOST_OP_S.value * host, 2 * kernels * KERNEL_LAUNCH_S.value * host
 
 
 def moe_launches(spec: ModelSpec, ep: int, dtype: str, cuda_graphs: str) -> float:

@@ -9,11 +9,13 @@ backward, not overlapped (Megatron-LM's default); context-parallel KV exchange o
 attention; the expert-parallel exchange (dispatch and combine) in the forward and again in the
 backward, as the layout's dispatcher sends it, overlapped with the other micro-batch's compute under
 ep_overlap, the busiest rank's under natural routing (rpeg/perf/moe.py); kernel launches per layer,
-an MoE layer's own (MOE_LAYER_KERNELS and per local expert) on a line of their own, removed by CUDA
-graphs (partial: the dense part; full: all); pipeline sends of the activations at each stage boundary. After the last micro-batch: the gradient reduction over data parallelism, partly
-overlapped, and the optimizer step, which is memory-bound. A layout that offloads the optimizer
-(or the parameters) to the host adds the host link's traffic and the CPU's Adam step, each its own
-line of the breakdown (rpeg/perf/offload.py).
+an MoE layer's own (MOE_LAYER_KERNELS and per local expert; in the forward at a host op's time, the
+dispatcher's sync leaving the GPU waiting) on a line of their own, removed by CUDA graphs (partial:
+the dense part; full: all); pipeline sends of the activations at each stage boundary. After the
+last micro-batch: the gradient reduction over data parallelism, partly overlapped, and the
+optimizer step, which is memory-bound. A layout that offloads the optimizer (or the parameters) to
+the host adds the host link's traffic and the CPU's Adam step, each its own line of the breakdown
+(rpeg/perf/offload.py).
 """
 
 from __future__ import annotations
@@ -87,8 +89,9 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
     graphed = layout.cuda_graphs != "none"
     launch = eager_host_s(dev, layers_per_stage) or (0.0 if graphed else KERNEL_LAUNCH_S.value * host_time(dev)
                                                      * KERNELS_PER_LAYER * layers_per_stage)
-    moe_launch = KERNEL_LAUNCH_S.value * host_time(dev) * moe.moe_launches(spec, ep, work.dtype, layout.cuda_graphs) \
-        * moe_l * share if dev.layer_host_s <= 0 else 0.0
+    moe_kernels = moe.moe_launches(spec, ep, work.dtype, layout.cuda_graphs) * moe_l * share \
+        if dev.layer_host_s <= 0 else 0.0
+    moe_fwd_host, moe_bwd_host = moe.moe_host_s(moe_kernels, host_time(dev))
 
     # communication per micro-batch on one stage
     act_bytes = tokens * spec.hidden * BF16
@@ -105,9 +108,11 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
         ep_fwd = 2 * moe.dispatch_s(cluster, spec, tokens, ep, layout.dispatcher, load) * moe_l * share
 
     passes = 1 if work.forward_only else 3  # a backward is twice the forward
-    launch_s = passes * (launch + moe_launch)
+    moe_launch = moe_fwd_host + (0.0 if work.forward_only else moe_bwd_host + (
+        moe_fwd_host if layout.recompute == "full" else 0.0))  # a full recompute runs the forward again
+    launch_s = passes * launch + moe_launch
     if work.forward_only:
-        compute = fwd.seconds + head.seconds + launch + moe_launch
+        compute = fwd.seconds + head.seconds + launch_s
         ep_mb, cp_tp_mb = ep_fwd, tp_fwd + cp_fwd
         recompute_s = 0.0
     else:
@@ -201,7 +206,7 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
     compute_s = (m * (compute + ep_sm_s + recompute_s)) * steps
     parts = (("compute", m * (compute - launch_s + recompute_s) * steps),
              ("kernel launches", m * passes * launch * steps),
-             ("MoE kernel launches", m * passes * moe_launch * steps),
+             ("MoE kernel launches", m * moe_launch * steps),
              ("tensor-parallel comm", m * tp_fwd * (1 if work.forward_only else 2) * steps),
              ("context-parallel comm", m * cp_fwd * (1 if work.forward_only else 2) * steps),
              ("expert-parallel comm", m * ep_exposed * steps),

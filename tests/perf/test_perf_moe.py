@@ -16,7 +16,7 @@ from rpeg.graph import ParallelLayout, get_model
 from rpeg.hardware import load_cluster
 from rpeg.perf import moe
 from rpeg.perf.collectives import Group, all_to_all_s, exchange_s
-from rpeg.perf.efficiency import (EP_OVERLAP_SM_SHARE, KERNEL_LAUNCH_S, LINK, MOE_KERNELS_PER_EXPERT,
+from rpeg.perf.efficiency import (EP_OVERLAP_SM_SHARE, KERNEL_LAUNCH_S, LINK, MOE_HOST_OP_S, MOE_KERNELS_PER_EXPERT,
                                   MOE_LAYER_KERNELS, ROUTING_LOAD_CV)
 from rpeg.perf.training import PassWorkload, pass_cost
 
@@ -127,6 +127,10 @@ def test_moe_kernel_launches_and_cuda_graphs(qwen):
     assert moe.moe_launches(qwen, 8, "bf16", "none") == 72
     assert moe.moe_launches(qwen, 8, "fp8", "partial") == 104  # partial graphs leave the experts eager
     assert moe.moe_launches(qwen, 8, "bf16", "full") == 0
+    # the forward's kernels wait on the host (13.5 us each), the backward's twice as many cost 4 us each; a
+    # Grace host takes HOST_TIME[grace] = 2.6 times as long: 72 x 13.5 x 2.6 = 2527.2 us, 2 x 72 x 4 x 2.6 = 1497.6
+    fwd, bwd = moe.moe_host_s(72, 2.6)
+    assert (fwd, bwd) == (pytest.approx(2527.2e-6), pytest.approx(1497.6e-6))
 
 
 def _pass(qwen, **layout):
@@ -138,8 +142,10 @@ def _pass(qwen, **layout):
 def test_training_pass_prices_each_knob_on_its_own_line(qwen):
     base = _pass(qwen)
     parts = dict(base.parts)
-    # 8 micro-batches x 3 passes x 48 MoE layers x 72 kernels x 4 us = 0.3318 s of MoE launches on x86
-    assert parts["MoE kernel launches"] == pytest.approx(8 * 3 * 48 * (40 + 2 * 8) * KERNEL_LAUNCH_S.value)
+    # EP16: 8 local experts, 40 + 2 x 8 = 56 kernels a layer forward; 8 micro-batches x 48 MoE layers x (56 x
+    # 13.5 us in the forward, after the dispatcher's sync, + 2 x 56 x 4 us in the backward) = 0.4623 s on x86
+    assert parts["MoE kernel launches"] == pytest.approx(8 * 48 * (56 * 13.5e-6 + 2 * 56 * 4e-6))
+    assert MOE_HOST_OP_S.value == 13.5e-6 and KERNEL_LAUNCH_S.value == 4e-6
     # the all-to-all: 8 micro-batches x 48 layers x 2 (fwd, bwd) x 2 (dispatch, combine) x one direction
     one = moe.dispatch_s(load_cluster("dgx-h100", 16), qwen, 4096, 16, "alltoall")
     assert parts["expert-parallel comm"] == pytest.approx(8 * 48 * 4 * one, rel=1e-9)
