@@ -177,3 +177,53 @@ def test_layout_refuses_bad_moe_knobs_in_one_line(field, value, needle):
     assert needle in str(info.value) and "\n" not in str(info.value)
     with pytest.raises(RpegError, match="ep_overlap needs ep > 1"):
         ParallelLayout(dp=16, ep_overlap=True)
+
+
+def test_decode_pays_the_exchange_and_the_busiest_rank(qwen, dgx):
+    """A decode step of an engine with expert parallelism dispatches and combines its batch at every MoE
+    layer (48 in Qwen3-30B-A3B): the difference between two dispatchers is 2 x 48 x the difference of one
+    direction; natural routing slows an EP engine's step and not a tensor-parallel one's."""
+    from rpeg.perf.generation import _StepModel
+
+    batch, context = 64, 64 * 2000
+    per_pair = ParallelLayout(dp=2, tp=8, ep=8)
+    deepep = per_pair.replace(dispatcher="deepep")
+    t_pair = _StepModel(qwen, per_pair, dgx, "bf16")(batch, context)[0]
+    t_deep = _StepModel(qwen, deepep, dgx, "bf16")(batch, context)[0]
+    one = moe.dispatch_s(dgx, qwen, batch, 8, "alltoall") - moe.dispatch_s(dgx, qwen, batch, 8, "deepep")
+    assert t_pair - t_deep == pytest.approx(2 * 48 * one, rel=1e-9)
+    natural = _StepModel(qwen, per_pair.replace(routing="natural"), dgx, "bf16")(batch, context)[0]
+    assert natural > t_pair
+    tp_only = ParallelLayout(dp=2, tp=8)
+    assert _StepModel(qwen, tp_only.replace(routing="natural"), dgx, "bf16")(batch, context)[0] == \
+        _StepModel(qwen, tp_only, dgx, "bf16")(batch, context)[0]
+
+
+def test_logprob_passes_pay_the_forward_terms_without_overlap(qwen):
+    """A forward-only pass (policy or reference logprobs) has one exchange each way per MoE layer, the
+    forward's host time (56 kernels at 13.5 us), and no overlap: there is no backward to pair with."""
+    lay = ParallelLayout(dp=16, ep=16, dispatcher="hybridep")
+    work = PassWorkload(sequences=128, seq_len=4096, attention_context=2048.5, micro_batch=1, forward_only=True)
+    cluster = load_cluster("dgx-h100", 16)
+    cost = dict(pass_cost("lp", qwen, lay, cluster, work).parts)
+    one = moe.dispatch_s(cluster, qwen, 4096, 16, "hybridep")
+    assert cost["expert-parallel comm"] == pytest.approx(8 * 48 * 2 * one, rel=1e-9)
+    assert cost["MoE kernel launches"] == pytest.approx(8 * 48 * 56 * 13.5e-6)
+    # the ep_overlap knob is for training: a forward-only pass exposes the same exchange
+    assert pass_cost("lp", qwen, lay.replace(ep_overlap=True), cluster, work).parts == \
+        pass_cost("lp", qwen, lay, cluster, work).parts
+
+
+def test_nemo_rl_runs_moe_models_with_natural_routing_and_the_plain_all_to_all():
+    from rpeg.graph.serde import read_yaml_file
+    from rpeg.perf.validation import NEMO_RL_MOE, bundled, rl_graph
+
+    assert NEMO_RL_MOE == {"dispatcher": "alltoall", "ep_overlap": False, "cuda_graphs": "none", "routing": "natural"}
+    data = read_yaml_file(str(bundled()["nemo-rl-v0.5-extra"]))
+    by_id = {e["id"]: e for e in data["rl"]}
+    g, _ = rl_graph(by_id["h100-qwen3-30b-a3b-on"], {}, "x")
+    for s in g.stages:
+        if s.layout is not None:
+            assert s.layout.routing == "natural" and s.layout.dispatcher == "alltoall", s.name
+    g, _ = rl_graph(by_id["h100-qwen3-32b-1off"], {}, "x")  # a dense model keeps the defaults
+    assert all(s.layout.routing == "balanced" for s in g.stages if s.layout is not None)
