@@ -85,6 +85,8 @@ def _one(extra: str = "", row: str = ROW):
     (", dispatcher: nccl", ".dispatcher: 'nccl' is not one of alltoall, allgather, deepep, hybridep"),
     (", ep_overlap: 1", ".ep_overlap: 1 is not one of false, true"),
     (", packing: packed", ".packing: 'packed' is not one of false, true"),
+    (", capacity_factor: 0", ".capacity_factor: capacity_factor = 0 must be positive"),
+    (", capacity_factor: 1.0, dispatcher: deepep", "capacity_factor = 1 needs the alltoall or allgather dispatcher"),
     (", recompute: some", ".recompute: 'some' is not one of none, selective, full"),
     (", sequence_parallel: sometimes", ".sequence_parallel: 'sometimes' is not one of false, true"),
     (", etp: 2", ".etp: 2 must be 1 or tp = 1"),
@@ -152,6 +154,8 @@ def test_moe_options_reach_the_model_each_on_its_line():
     graphed = dict(_one(", cuda_graphs: full")[0].parts)
     assert "MoE kernel launches" in parts and "MoE kernel launches" not in graphed
     assert _one(", routing: natural")[0].note == ""
+    capped = dict(_one(", routing: natural, capacity_factor: 1.0")[0].parts)  # padded: no sync, no busiest rank
+    assert capped["MoE kernel launches"] < parts["MoE kernel launches"]
 
 
 def test_options_the_model_reads_change_the_prediction():

@@ -91,9 +91,13 @@ class ParallelLayout:
     overlapped with another's compute (Megatron's --overlap-moe-expert-parallel-comm); cuda_graphs: none,
     partial (the attention and dense parts captured, Megatron's --cuda-graph-scope) or full (the whole
     iteration); routing: balanced (forced, as benchmarks run: --moe-router-force-load-balancing) or
-    natural (the learned router: the busiest expert-parallel rank sets the time). The defaults are
-    what the model assumed before these knobs: per-(token, expert) all-to-all, not overlapped, no
-    graphs, balanced.
+    natural (the learned router: the busiest expert-parallel rank sets the time); capacity_factor:
+    0 for dropless routing (Megatron's default), else each expert's input padded to that many times
+    its mean share and the rest dropped (--moe-expert-capacity-factor with
+    --moe-pad-expert-input-to-capacity; Megatron-Bridge's apply_moe_token_drop: 1.0), which fixes the
+    shapes: no device-to-host sync, and no rank above the capacity. The defaults are what the model
+    assumed before these knobs: per-(token, expert) all-to-all, not overlapped, no graphs, balanced,
+    dropless.
     """
 
     dp: int = 1
@@ -116,6 +120,7 @@ class ParallelLayout:
     ep_overlap: bool = False
     cuda_graphs: str = "none"
     routing: str = "balanced"
+    capacity_factor: float = 0.0
 
     def __post_init__(self) -> None:
         bad = [f"{f} = {getattr(self, f)}" for f in ("dp", "tp", "pp", "cp", "ep", "pp_interleave", "micro_batch")
@@ -160,6 +165,15 @@ class ParallelLayout:
                 raise RpegError(f"parallel layout: {name} = {value!r} must be one of {', '.join(allowed)}")
         if not isinstance(self.ep_overlap, bool):
             raise RpegError(f"parallel layout: ep_overlap = {self.ep_overlap!r} must be true or false")
+        if isinstance(self.capacity_factor, bool) or not isinstance(self.capacity_factor, (int, float)) or not (
+                0.0 <= self.capacity_factor <= 64.0):
+            raise RpegError(f"parallel layout: capacity_factor = {self.capacity_factor!r} must be 0 (dropless) or an "
+                            "expert capacity factor up to 64")
+        object.__setattr__(self, "capacity_factor", float(self.capacity_factor))
+        if self.capacity_factor and self.dispatcher not in ("alltoall", "allgather"):
+            raise RpegError(f"parallel layout: capacity_factor = {self.capacity_factor:g} needs the alltoall or "
+                            f"allgather dispatcher, not {self.dispatcher} (Megatron pads experts to capacity in those "
+                            "only)")
         if self.ep_overlap and self.ep == 1:
             raise RpegError("parallel layout: ep_overlap needs ep > 1 (there is no expert-parallel all-to-all to "
                             "overlap)")

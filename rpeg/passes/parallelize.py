@@ -4,8 +4,8 @@ Checked in the manner of torchtitan's ParallelDims, with every factor in the mes
 product dp*tp*pp*cp equals the devices of the stage's group; tp divides the attention heads
 (and divides or is a multiple of the kv heads); pp divides the layers; ep divides the experts
 and dp*cp*tp; ZeRO, recomputation and offload (offload_optimizer, offload_params, resident, pageable:
-see ParallelLayout) apply to training only; an MoE stage's dispatcher, ep_overlap, cuda_graphs and
-routing say how its experts run (ParallelLayout; rpeg/perf/moe.py prices them).
+see ParallelLayout) apply to training only; an MoE stage's dispatcher, ep_overlap, cuda_graphs,
+routing and capacity_factor say how its experts run (ParallelLayout; rpeg/perf/moe.py prices them).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                 packing: bool = True, offload_optimizer: float | bool = 0.0, offload_params: bool = False,
                 resident: list[str] | tuple[str, ...] = (),
                 pageable: list[str] | tuple[str, ...] = (), dispatcher: str = "alltoall",
-                ep_overlap: bool = False, cuda_graphs: str = "none", routing: str = "balanced") -> Graph:
+                ep_overlap: bool = False, cuda_graphs: str = "none", routing: str = "balanced",
+                capacity_factor: float = 0.0) -> Graph:
     call = call_text("parallelize", stage=stage, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero,
                      recompute=recompute)
     if stage not in graph.stage_names:
@@ -40,6 +41,8 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
         wrong.append(f"offload_params = {offload_params!r}")
     if not isinstance(offload_optimizer, (bool, int, float)):
         wrong.append(f"offload_optimizer = {offload_optimizer!r}")
+    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)):
+        wrong.append(f"capacity_factor = {capacity_factor!r}")
     for name, value in (("resident", resident), ("pageable", pageable)):
         if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value):
             wrong.append(f"{name} = {value!r}")
@@ -51,7 +54,7 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                                 pp_uneven=pp_uneven, packing=packing, offload_optimizer=offload_optimizer,
                                 offload_params=offload_params, resident=tuple(resident),
                                 pageable=tuple(pageable), dispatcher=dispatcher, ep_overlap=ep_overlap,
-                                cuda_graphs=cuda_graphs, routing=routing)
+                                cuda_graphs=cuda_graphs, routing=routing, capacity_factor=capacity_factor)
     except RpegError as e:
         raise refuse(call, str(e)) from None
     new = graph.stage(stage).replace(layout=layout)

@@ -102,7 +102,7 @@ class _StepModel:
         if dense:
             stage += layer_forward(spec, self.cluster.device, moe_layer=False, **kw).seconds * dense / pp
         if moe:  # the busiest expert-parallel rank's experts, and the EP exchange (perf/moe.py)
-            load = busiest_rank_load(spec, lay.ep, lay.routing)
+            load = busiest_rank_load(spec, lay.ep, lay.routing, lay.capacity_factor)
             stage += layer_forward(spec, self.cluster.device, moe_layer=True, moe_load=load, **kw).seconds * moe / pp
             stage += 2 * dispatch_s(self.cluster, spec, mb, lay.ep, lay.dispatcher, load) * moe / pp
         stage += head_forward(spec, self.cluster.device, tokens=mb, tp=lay.tp, dtype=self.dtype, decode=True).seconds / pp
@@ -123,7 +123,7 @@ def _prefill_s(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, tokens
     dense = spec.layers if not spec.is_moe else spec.dense_layers
     t = layer_forward(spec, cluster.device, moe_layer=False, **kw).seconds * dense
     if spec.is_moe:  # the busiest expert-parallel rank's experts, and the EP exchange (perf/moe.py)
-        load = busiest_rank_load(spec, layout.ep, layout.routing)
+        load = busiest_rank_load(spec, layout.ep, layout.routing, layout.capacity_factor)
         t += layer_forward(spec, cluster.device, moe_layer=True, moe_load=load, **kw).seconds * spec.moe_layers
         t += 2 * dispatch_s(cluster, spec, tokens / layout.pp, layout.ep, layout.dispatcher, load) * spec.moe_layers
     t += head_forward(spec, cluster.device, tokens=sequences, tp=layout.tp, dtype=dtype).seconds

@@ -17,7 +17,8 @@ GEMMs and the host time of an MoE layer. Pure functions; `compute.layer_forward`
   another's backward, so it needs two of them): the exchange hides behind the other micro-batch's
   compute, which meanwhile loses the SMs the exchange runs on (EP_OVERLAP_SM_SHARE).
 - Routing (ParallelLayout.routing): balanced (forced, as benchmarks run) or natural, where the
-  busiest of the ep ranks sets the time of the expert GEMMs and of the exchange (`busiest_rank_load`).
+  busiest of the ep ranks sets the time of the expert GEMMs and of the exchange (`busiest_rank_load`);
+  with an expert capacity (ParallelLayout.capacity_factor) every expert is padded to it instead.
 - Grouped GEMMs: each local expert's GEMM over the rows routed to it follows a curve over rows per
   expert (GROUPED_GEMM_ROWS_HALF, by dtype), and writes its output after its short K loop, a write
   that adds to its time (`expert_output_bytes`); in fp8 each expert input is quantized first
@@ -27,7 +28,8 @@ GEMMs and the host time of an MoE layer. Pure functions; `compute.layer_forward`
   (a device-to-host sync; DeepEP and HybridEP wait on the host for their receive counts likewise), so
   in the forward the host cannot queue the layer's kernels ahead of the GPU and each costs the host
   time of one framework op (MOE_HOST_OP_S); the backward, without a sync, costs each of its kernels
-  its launch and tail (KERNEL_LAUNCH_S; `moe_host_s`). Full CUDA graphs (ParallelLayout.cuda_graphs =
+  its launch and tail (KERNEL_LAUNCH_S; `moe_host_s`), as does a forward padded to capacity, whose
+  shapes are known without a sync. Full CUDA graphs (ParallelLayout.cuda_graphs =
   full) remove both; partial graphs capture the attention and dense parts only (`moe_launches`).
 """
 
@@ -89,10 +91,13 @@ def token_copies(spec: ModelSpec, ep: int, ranks_per_node: int, dispatcher: str,
     return Copies((r - 1) * p_rank, (n - r) * p_rank)
 
 
-def busiest_rank_load(spec: ModelSpec, ep: int, routing: str) -> float:
+def busiest_rank_load(spec: ModelSpec, ep: int, routing: str, capacity_factor: float = 0.0) -> float:
     """The busiest expert-parallel rank's tokens over the mean: 1 with balanced routing or one rank;
     with natural routing 1 + cv sqrt(2 ln ep) / sqrt(E / ep) (ROUTING_LOAD_CV: the expected maximum of
-    ep rank loads, each the sum of E/ep experts' loads of spread cv)."""
+    ep rank loads, each the sum of E/ep experts' loads of spread cv). With an expert capacity (padded),
+    every expert takes exactly capacity_factor x its mean share, whatever the routing."""
+    if capacity_factor > 0 and spec.is_moe:
+        return capacity_factor
     if routing != "natural" or ep <= 1 or not spec.is_moe:
         return 1.0
     return 1.0 + ROUTING_LOAD_CV.value * math.sqrt(2 * math.log(ep)) / math.sqrt(spec.experts / ep)
@@ -155,13 +160,14 @@ def local_experts(spec: ModelSpec, ep: int) -> float:
     return spec.experts / max(1, ep)
 
 
-def moe_host_s(kernels: float, host: float) -> tuple[float, float]:
+def moe_host_s(kernels: float, host: float, sync: bool = True) -> tuple[float, float]:
     """(forward, backward) host time of `kernels` kernels of MoE layers' forward, on a host `host` times
-    as slow as the x86 reference (HOST_TIME). In the forward the dispatcher's device-to-host sync leaves
-    the GPU waiting for the host, so each kernel costs the host time of one framework op (MOE_HOST_OP_S);
-    the backward (twice the kernels) has no sync, the host runs ahead, and each costs its launch and
-    tail (KERNEL_LAUNCH_S)."""
-    return kernels * MOE_HOST_OP_S.value * host, 2 * kernels * KERNEL_LAUNCH_S.value * host
+    as slow as the x86 reference (HOST_TIME). In a dropless forward (`sync`) the dispatcher's
+    device-to-host sync leaves the GPU waiting for the host, so each kernel costs the host time of one
+    framework op (MOE_HOST_OP_S); the backward (twice the kernels), and a forward padded to capacity,
+    have no sync: the host runs ahead, and each kernel costs its launch and tail (KERNEL_LAUNCH_S)."""
+    forward = MOE_HOST_OP_S.value if sync else KERNEL_LAUNCH_S.value
+    return kernels * forward * host, 2 * kernels * KERNEL_LAUNCH_S.value * host
 
 
 def moe_launches(spec: ModelSpec, ep: int, dtype: str, cuda_graphs: str) -> float:

@@ -74,7 +74,7 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
     kw = dict(tokens=tokens, context=ctx, tp=tp, ep=ep, sp=layout.sequence_parallel, dtype=work.dtype,
               flash_attention=work.flash_attention)
     fwd = LayerTime(0, 0, 0, 0, 0)
-    load = moe.busiest_rank_load(spec, ep, layout.routing)  # natural routing: the busiest rank's share
+    load = moe.busiest_rank_load(spec, ep, layout.routing, layout.capacity_factor)  # the busiest rank's share
     if dense_l:
         fwd = fwd + layer_forward(spec, dev, moe_layer=False, **kw).scaled(dense_l * share)
     if moe_l:
@@ -91,7 +91,7 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
                                                      * KERNELS_PER_LAYER * layers_per_stage)
     moe_kernels = moe.moe_launches(spec, ep, work.dtype, layout.cuda_graphs) * moe_l * share \
         if dev.layer_host_s <= 0 else 0.0
-    moe_fwd_host, moe_bwd_host = moe.moe_host_s(moe_kernels, host_time(dev))
+    moe_fwd_host, moe_bwd_host = moe.moe_host_s(moe_kernels, host_time(dev), sync=not layout.capacity_factor)
 
     # communication per micro-batch on one stage
     act_bytes = tokens * spec.hidden * BF16

@@ -15,11 +15,11 @@ Assumptions the schema leaves open, the same for every entry:
 - training entries default to what Megatron-LM 2022 ran: unfused attention (their Table 5
   predates FlashAttention in Megatron), fp16, the distributed optimizer off (dp = 1 in every row);
   an entry of another stack says `dtype`, `flash_attention` and `zero` (TRAIN_OPTIONS).
-- training entries' MoE run conditions (`routing`, `cuda_graphs`, `dispatcher`, `ep_overlap`) go to
-  the layout (rpeg/perf/moe.py prices them), absent ones at MOE_OPTIONS: balanced routing, no CUDA
-  graphs, the per-(token, expert) all-to-all, not overlapped. Conditions the model has no mechanism for
-  yet (`packing`, and `etp` beyond its check) are parsed, checked and printed with the entry's result
-  (its note), and change no prediction.
+- training entries' MoE run conditions (`routing`, `cuda_graphs`, `dispatcher`, `ep_overlap`,
+  `capacity_factor`) go to the layout (rpeg/perf/moe.py prices them), absent ones at MOE_OPTIONS:
+  balanced routing, no CUDA graphs, the per-(token, expert) all-to-all, not overlapped, dropless.
+  Conditions the model has no mechanism for yet (`packing`, and `etp` beyond its check) are parsed,
+  checked and printed with the entry's result (its note), and change no prediction.
 - RL entries: GRPO as NeMo-RL runs it: generation, policy logprobs, reference logprobs (its GRPO
   default reference_policy_kl_penalty is 0.01), training, refit; Megatron's distributed optimizer
   (ZeRO-1) for training, its optimizer state moved to the host and back around generation through
@@ -77,7 +77,8 @@ TRAIN_KEYS = {"id", "system", "model", "gpus", "tp", "pp", "dp", "cp", "ep", "gl
               "recompute", "pp_interleave", "measured_iteration_s", "sequence_parallel", "notes", "source",
               "measured_tokens_per_s_per_gpu", "measured_model_tflops_per_gpu", "model_gflop_per_token", "etp", "zero",
               "offload_optimizer",
-              "dtype", "flash_attention", "routing", "cuda_graphs", "dispatcher", "ep_overlap", "packing"}
+              "dtype", "flash_attention", "routing", "cuda_graphs", "dispatcher", "ep_overlap", "packing",
+              "capacity_factor"}
 # A training entry's named options: key -> (allowed values, what it means). All but IGNORED_OPTIONS reach
 # the cost model (PassWorkload / ParallelLayout; the MoE ones rpeg/perf/moe.py); the ignored ones it has no
 # mechanism for yet: they are checked, printed beside the result, and change nothing.
@@ -147,7 +148,8 @@ def _conditions(entry: dict, spec: ModelSpec, tp: int, ep: int, where: str) -> t
     if etp not in (1, tp):
         raise RpegError(f"{where}.etp: {etp} must be 1 or tp = {tp} (experts split over the tensor-parallel "
                         "ranks, or not); the cost model splits experts as ep > 1 implies and reads no other etp")
-    moe_only = [k for k in ("routing", "dispatcher", "ep_overlap", "etp") if k in entry and not spec.is_moe]
+    moe_only = [k for k in ("routing", "dispatcher", "ep_overlap", "etp", "capacity_factor")
+                if k in entry and not spec.is_moe]
     if moe_only:
         raise RpegError(f"{where}.{moe_only[0]}: {spec.name} has no experts; {moe_only[0]} applies to MoE models only")
     if entry.get("ep_overlap") and ep == 1:
@@ -219,6 +221,7 @@ def predict_training(entry: dict, models: dict[str, ModelSpec], where: str) -> R
     if sp and tp == 1:
         raise RpegError(f"{where}.sequence_parallel: true needs tp > 1")
     moe_options = {k: _option(entry, k, where, default) for k, default in MOE_OPTIONS.items()}
+    moe_options["capacity_factor"] = _get(entry, "capacity_factor", where, 0.0, float)
     layout = ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, recompute=recompute, sequence_parallel=sp,
                             pp_interleave=_get(entry, "pp_interleave", where, 1), pp_uneven=bool(spec.layers % pp),
                             zero=zero, offload_optimizer=float(offload), **moe_options)

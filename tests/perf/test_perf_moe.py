@@ -227,3 +227,27 @@ def test_nemo_rl_runs_moe_models_with_natural_routing_and_the_plain_all_to_all()
             assert s.layout.routing == "natural" and s.layout.dispatcher == "alltoall", s.name
     g, _ = rl_graph(by_id["h100-qwen3-32b-1off"], {}, "x")  # a dense model keeps the defaults
     assert all(s.layout.routing == "balanced" for s in g.stages if s.layout is not None)
+
+
+def test_an_expert_capacity_pads_every_rank_and_drops_the_sync(qwen):
+    # padded to capacity: every expert takes exactly capacity_factor x its mean share, whatever the routing
+    assert moe.busiest_rank_load(qwen, 16, "natural", capacity_factor=1.25) == 1.25
+    assert moe.busiest_rank_load(qwen, 16, "balanced", capacity_factor=1.0) == 1.0
+    # no device-to-host sync: the forward's 72 kernels cost a launch each (4 us), as the backward's 144
+    assert moe.moe_host_s(72, 1.0, sync=False) == (pytest.approx(72 * 4e-6), pytest.approx(144 * 4e-6))
+    dropless = dict(_pass(qwen, routing="natural").parts)
+    capped = dict(_pass(qwen, routing="natural", capacity_factor=1.0).parts)
+    assert capped["MoE kernel launches"] == pytest.approx(8 * 48 * 3 * 56 * 4e-6)
+    assert capped["compute"] < dropless["compute"]  # no rank above the mean
+    assert capped["compute"] == pytest.approx(dict(_pass(qwen).parts)["compute"])
+
+
+@pytest.mark.parametrize("layout, needle", [
+    (dict(capacity_factor=-1), "capacity_factor = -1 must be 0 (dropless) or an expert capacity factor up to 64"),
+    (dict(capacity_factor=True), "capacity_factor = True must be 0"),
+    (dict(capacity_factor=1.0, dispatcher="deepep"), "capacity_factor = 1 needs the alltoall or allgather dispatcher"),
+])
+def test_layout_refuses_a_bad_capacity(layout, needle):
+    with pytest.raises(RpegError) as info:
+        ParallelLayout(dp=16, ep=16, **layout)
+    assert needle in str(info.value) and "\n" not in str(info.value)
