@@ -1,8 +1,8 @@
 """The Megatron-Core training rows (rpeg/data/validation/megatron-bridge.yaml and
 megatron-lm-moe-recipes.yaml) and the training options they need: every row parses and predicts,
 or is named as not fitting with its memory and the time it would take; each option's bad values
-are refused in one line naming key, value and the allowed values; the options the cost model has
-no mechanism for change no prediction."""
+are refused in one line naming key, value and the allowed values; the MoE options reach the model
+(rpeg/perf/moe.py); the options the cost model has no mechanism for change no prediction."""
 
 from __future__ import annotations
 
@@ -85,6 +85,8 @@ def _one(extra: str = "", row: str = ROW):
     (", dispatcher: nccl", ".dispatcher: 'nccl' is not one of alltoall, allgather, deepep, hybridep"),
     (", ep_overlap: 1", ".ep_overlap: 1 is not one of false, true"),
     (", packing: packed", ".packing: 'packed' is not one of false, true"),
+    (", capacity_factor: 0", ".capacity_factor: capacity_factor = 0 must be positive"),
+    (", capacity_factor: 1.0, dispatcher: deepep", "capacity_factor = 1 needs the alltoall or allgather dispatcher"),
     (", recompute: some", ".recompute: 'some' is not one of none, selective, full"),
     (", sequence_parallel: sometimes", ".sequence_parallel: 'sometimes' is not one of false, true"),
     (", etp: 2", ".etp: 2 must be 1 or tp = 1"),
@@ -139,11 +141,29 @@ def test_the_cli_says_it_in_one_line(tmp_path, capsys):
 
 def test_options_the_model_ignores_are_printed_and_change_nothing():
     plain = _one()[0]
-    marked = _one(", routing: natural, cuda_graphs: full, dispatcher: deepep, ep_overlap: true, packing: true, "
-                  "etp: 1")[0]
+    marked = _one(", packing: true, etp: 1")[0]
     assert marked.predicted == plain.predicted and marked.parts == plain.parts
-    assert marked.note == "routing natural, cuda_graphs full, dispatcher deepep, ep_overlap, packing"
-    assert set(IGNORED_OPTIONS) == {"routing", "cuda_graphs", "dispatcher", "ep_overlap", "packing"}
+    assert marked.note == "packing"
+    assert set(IGNORED_OPTIONS) == {"packing"}
+
+
+def test_moe_options_reach_the_model_each_on_its_line():
+    """routing, dispatcher, ep_overlap and cuda_graphs are priced by rpeg/perf/moe.py; absent, they are
+    balanced, the per-(token, expert) all-to-all, no overlap and no graphs."""
+    plain = _one()[0]
+    assert _one(", routing: balanced, dispatcher: alltoall, cuda_graphs: none, ep_overlap: false")[0].parts == \
+        plain.parts
+    parts = dict(plain.parts)
+    assert _one(", routing: natural")[0].predicted > plain.predicted  # the busiest rank sets the time
+    hybrid = dict(_one(", dispatcher: hybridep")[0].parts)
+    assert hybrid["expert-parallel comm"] < parts["expert-parallel comm"] / 3  # once per node across the network
+    overlapped = dict(_one(", dispatcher: hybridep, ep_overlap: true")[0].parts)
+    assert "expert-parallel comm" not in overlapped and overlapped["expert-parallel overlap, SMs lent"] > 0
+    graphed = dict(_one(", cuda_graphs: full")[0].parts)
+    assert "MoE kernel launches" in parts and "MoE kernel launches" not in graphed
+    assert _one(", routing: natural")[0].note == ""
+    capped = dict(_one(", routing: natural, capacity_factor: 1.0")[0].parts)  # padded: no sync, no busiest rank
+    assert capped["MoE kernel launches"] < parts["MoE kernel launches"]
 
 
 def test_options_the_model_reads_change_the_prediction():
@@ -164,8 +184,8 @@ def test_json_carries_the_notes(capsys):
 
     assert main(["validate", "megatron-bridge", "--json"]) == 0  # every row fits
     entries = {e["id"]: e for e in json.loads(capsys.readouterr().out)["entries"]}
-    assert entries["qwen3-30b-a3b-h100-pretrain-tuned"]["note"] == (
-        "routing balanced, cuda_graphs partial, dispatcher hybridep, ep_overlap")
+    assert entries["qwen3-30b-a3b-h100-sft-2k"]["note"] == "packing"
+    assert "note" not in entries["qwen3-30b-a3b-h100-pretrain-tuned"]  # its MoE conditions are modelled
     assert "note" not in entries["qwen3-8b-h100-pretrain"]
 
 

@@ -24,6 +24,10 @@ HOST_COPIES = ("weights-out", "weights-in", "gradients-out", "optimizer-out", "o
 # one stops storing
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts")
 STATE_DTYPES = ("fp32", "bf16")
+# how an MoE stage runs (rpeg/perf/moe.py prices each): the token dispatcher, the CUDA-graph scope and the routing
+DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
+CUDA_GRAPHS = ("none", "partial", "full")
+ROUTINGS = ("balanced", "natural")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,6 +103,20 @@ class ParallelLayout:
     pp_embedding_loss_slots: the embedding and the loss each take a decoder layer's place in the pipeline
     split (account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split): the first and
     the last stage hold one decoder layer fewer.
+
+    MoE execution (rpeg/perf/moe.py): dispatcher: the token dispatcher of the expert-parallel
+    exchange (Megatron's --moe-token-dispatcher-type alltoall / allgather, its flex dispatcher with the
+    DeepEP or HybridEP backend; vLLM's all2all backend); ep_overlap: the all-to-all of one micro-batch
+    overlapped with another's compute (Megatron's --overlap-moe-expert-parallel-comm); cuda_graphs: none,
+    partial (the attention and dense parts captured, Megatron's --cuda-graph-scope) or full (the whole
+    iteration); routing: balanced (forced, as benchmarks run: --moe-router-force-load-balancing) or
+    natural (the learned router: the busiest expert-parallel rank sets the time); capacity_factor:
+    0 for dropless routing (Megatron's default), else each expert's input padded to that many times
+    its mean share and the rest dropped (--moe-expert-capacity-factor with
+    --moe-pad-expert-input-to-capacity; Megatron-Bridge's apply_moe_token_drop: 1.0), which fixes the
+    shapes: no device-to-host sync, and no rank above the capacity. The defaults are what the model
+    assumed before these knobs: per-(token, expert) all-to-all, not overlapped, no graphs, balanced,
+    dropless.
     """
 
     dp: int = 1
@@ -123,6 +141,11 @@ class ParallelLayout:
     grad_dtype: str = "fp32"
     optimizer_moments: str = "fp32"
     pp_embedding_loss_slots: bool = False
+    dispatcher: str = "alltoall"
+    ep_overlap: bool = False
+    cuda_graphs: str = "none"
+    routing: str = "balanced"
+    capacity_factor: float = 0.0
 
     def __post_init__(self) -> None:
         bad = [f"{f} = {getattr(self, f)}" for f in ("dp", "tp", "pp", "cp", "ep", "pp_interleave", "micro_batch")
@@ -162,6 +185,7 @@ class ParallelLayout:
                             "its directions)")
         object.__setattr__(self, "pageable", tuple(c for c in HOST_COPIES if c in wanted))
         self._check_recipe_options()
+        self._check_moe_options()
 
     def _check_recipe_options(self) -> None:
         """The Megatron-Core recipe options: each in one line with its way out."""
@@ -189,6 +213,27 @@ class ParallelLayout:
         for name in ("grad_dtype", "optimizer_moments"):
             if getattr(self, name) not in STATE_DTYPES:
                 raise RpegError(f"parallel layout: {name} = {getattr(self, name)!r:.80} must be fp32 or bf16")
+
+    def _check_moe_options(self) -> None:
+        """The MoE execution options: each in one line with its way out."""
+        for name, allowed in (("dispatcher", DISPATCHERS), ("cuda_graphs", CUDA_GRAPHS), ("routing", ROUTINGS)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise RpegError(f"parallel layout: {name} = {value!r} must be one of {', '.join(allowed)}")
+        if not isinstance(self.ep_overlap, bool):
+            raise RpegError(f"parallel layout: ep_overlap = {self.ep_overlap!r} must be true or false")
+        if isinstance(self.capacity_factor, bool) or not isinstance(self.capacity_factor, (int, float)) or not (
+                0.0 <= self.capacity_factor <= 64.0):
+            raise RpegError(f"parallel layout: capacity_factor = {self.capacity_factor!r} must be 0 (dropless) or an "
+                            "expert capacity factor up to 64")
+        object.__setattr__(self, "capacity_factor", float(self.capacity_factor))
+        if self.capacity_factor and self.dispatcher not in ("alltoall", "allgather"):
+            raise RpegError(f"parallel layout: capacity_factor = {self.capacity_factor:g} needs the alltoall or "
+                            f"allgather dispatcher, not {self.dispatcher} (Megatron pads experts to capacity in those "
+                            "only)")
+        if self.ep_overlap and self.ep == 1:
+            raise RpegError("parallel layout: ep_overlap needs ep > 1 (there is no expert-parallel all-to-all to "
+                            "overlap)")
 
     def replace(self, **changes) -> ParallelLayout:
         return dataclasses.replace(self, **changes)

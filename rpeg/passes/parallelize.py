@@ -4,7 +4,8 @@ Checked in the manner of torchtitan's ParallelDims, with every factor in the mes
 product dp*tp*pp*cp equals the devices of the stage's group; tp divides the attention heads
 (and divides or is a multiple of the kv heads); pp divides the layers; ep divides the experts
 and dp*cp*tp; ZeRO, recomputation and offload (offload_optimizer, offload_params, resident, pageable:
-see ParallelLayout) apply to training only.
+see ParallelLayout) apply to training only; an MoE stage's dispatcher, ep_overlap, cuda_graphs,
+routing and capacity_factor say how its experts run (ParallelLayout; rpeg/perf/moe.py prices them).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                 pp_interleave: int = 1, pp_uneven: bool = False, micro_batch: int = 1,
                 packing: bool = True, offload_optimizer: float | bool = 0.0, offload_params: bool = False,
                 resident: list[str] | tuple[str, ...] = (),
-                pageable: list[str] | tuple[str, ...] = ()) -> Graph:
+                pageable: list[str] | tuple[str, ...] = (), dispatcher: str = "alltoall",
+                ep_overlap: bool = False, cuda_graphs: str = "none", routing: str = "balanced",
+                capacity_factor: float = 0.0) -> Graph:
     call = call_text("parallelize", stage=stage, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero,
                      recompute=recompute)
     if stage not in graph.stage_names:
@@ -28,24 +31,30 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
     degrees = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, pp_interleave=pp_interleave, micro_batch=micro_batch)
     wrong = [f"{k} = {v!r}" for k, v in degrees.items() if isinstance(v, bool) or not isinstance(v, int)]
     wrong += [f"{k} = {v!r}" for k, v in (("sequence_parallel", sequence_parallel), ("pp_uneven", pp_uneven),
-                                          ("packing", packing)) if not isinstance(v, bool)]
-    if not isinstance(recompute, str):
-        wrong.append(f"recompute = {recompute!r}")
+                                          ("packing", packing), ("ep_overlap", ep_overlap))
+              if not isinstance(v, bool)]
+    for name, value in (("recompute", recompute), ("dispatcher", dispatcher), ("cuda_graphs", cuda_graphs),
+                        ("routing", routing)):
+        if not isinstance(value, str):
+            wrong.append(f"{name} = {value!r}")
     if not isinstance(offload_params, bool):
         wrong.append(f"offload_params = {offload_params!r}")
     if not isinstance(offload_optimizer, (bool, int, float)):
         wrong.append(f"offload_optimizer = {offload_optimizer!r}")
+    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)):
+        wrong.append(f"capacity_factor = {capacity_factor!r}")
     for name, value in (("resident", resident), ("pageable", pageable)):
         if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value):
             wrong.append(f"{name} = {value!r}")
     if wrong:
-        raise refuse(call, "expected whole numbers, true/false, a recompute name, an offload fraction and lists of "
-                           "state parts or host copies: " + ", ".join(wrong))
+        raise refuse(call, "expected whole numbers, true/false, recompute / dispatcher / cuda_graphs / routing names, "
+                           "an offload fraction and lists of state parts or host copies: " + ", ".join(wrong))
     try:
         layout = ParallelLayout(**degrees, recompute=recompute, sequence_parallel=sequence_parallel,
                                 pp_uneven=pp_uneven, packing=packing, offload_optimizer=offload_optimizer,
                                 offload_params=offload_params, resident=tuple(resident),
-                                pageable=tuple(pageable))
+                                pageable=tuple(pageable), dispatcher=dispatcher, ep_overlap=ep_overlap,
+                                cuda_graphs=cuda_graphs, routing=routing, capacity_factor=capacity_factor)
     except RpegError as e:
         raise refuse(call, str(e)) from None
     new = graph.stage(stage).replace(layout=layout)

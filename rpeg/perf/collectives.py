@@ -13,6 +13,7 @@ algorithms):
 - all-gather / reduce-scatter: (n-1)/n S / B + (n-1) alpha, S the full (gathered) size
 - all-to-all: each rank sends (n-1)/n of its S bytes; the part leaving the unit goes over the
   outer links, the rest over the inner ones, in parallel
+- exchange: an all-to-all with its inside and outside bytes given (a deduplicating MoE dispatcher)
 - broadcast: pipelined, S / B + (n-1) alpha
 - point-to-point: S / B + alpha over the level that separates the two ranks
 """
@@ -98,6 +99,19 @@ def all_to_all_s(cluster: Cluster, nbytes: float, group: Group) -> float:
     inside = (k - 1) / n * nbytes
     outside = (n - k) / n * nbytes
     return max(inside / _bw(sp.inner), outside / _bw(sp.level)) + (n - 1) * _alpha(sp)
+
+
+def exchange_s(cluster: Cluster, inside_bytes: float, outside_bytes: float, group: Group) -> float:
+    """An all-to-all whose sender knows what it sends where: `inside_bytes` to the group's ranks in its
+    own unit, `outside_bytes` across the level above, both legs at once (rpeg/perf/moe.py: a dispatcher
+    that sends a token once per destination rank or node)."""
+    n = group.size
+    if n <= 1 or inside_bytes + outside_bytes <= 0:
+        return 0.0
+    sp = cluster.span(n, group.stride)
+    if sp.inner is None:
+        return (inside_bytes + outside_bytes) / _bw(sp.level) + (n - 1) * _alpha(sp)
+    return max(inside_bytes / _bw(sp.inner), outside_bytes / _bw(sp.level)) + (n - 1) * _alpha(sp)
 
 
 def broadcast_s(cluster: Cluster, nbytes: float, group: Group) -> float:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from rpeg.graph.model import ModelSpec
 from rpeg.hardware.device import Device
+from rpeg.perf.moe import expert_output_bytes, expert_rows_efficiency, quantize_bytes
 from rpeg.perf.efficiency import ATTENTION, DECODE_HBM, GEMM_ROWS_HALF, HBM, gemm_efficiency
 
 BF16 = 2
@@ -82,12 +83,14 @@ def experts_touched(spec: ModelSpec, tokens: float) -> float:
 
 def layer_forward(spec: ModelSpec, device: Device, *, tokens: float, context: float, tp: int = 1, ep: int = 1,
                   sp: bool = False, moe_layer: bool | None = None, kv_read_tokens: float | None = None,
-                  dtype: str = "bf16", flash_attention: bool = True) -> LayerTime:
+                  dtype: str = "bf16", flash_attention: bool = True, moe_load: float = 1.0) -> LayerTime:
     """Forward of one layer over `tokens` tokens on one device.
 
     context: the mean number of keys each token attends to (s/2 for a causal pass over s tokens,
     the current length for a decode step). kv_read_tokens: tokens of KV cache read from HBM
-    (decode); None for a pass whose keys are computed on chip (prefill, training).
+    (decode); None for a pass whose keys are computed on chip (prefill, training). moe_load: the
+    tokens the busiest expert-parallel rank's experts get over the mean (moe.busiest_rank_load); the
+    time is that rank's, the FLOPs the mean.
     """
     gemm_rate, attn_rate, bw = _rates(device, dtype, decode=bool(kv_read_tokens))
     moe = spec.is_moe if moe_layer is None else moe_layer
@@ -112,15 +115,20 @@ def layer_forward(spec: ModelSpec, device: Device, *, tokens: float, context: fl
         # expert is its own GEMM (a grouped GEMM) over the tokens routed to it.
         spread = ep if ep > 1 else 1
         width_split = 1 if ep > 1 else tp
-        assignments = tokens * spec.experts_per_token  # this device's share, after dispatch
+        # experts' GEMMs follow the grouped-GEMM curve over rows per expert (moe.expert_rows_efficiency); in fp8
+        # each expert's input is quantized first (moe.quantize_bytes); the output write adds (moe.expert_output_bytes)
+        assignments = tokens * spec.experts_per_token * moe_load  # the busiest device's share, after dispatch
         touched = experts_touched(spec, tokens * spread) / spread
         rows = assignments / max(touched, 1e-9)
         e_flops = 2.0 * assignments * expert / tp
         e_bytes = BF16 * touched * expert / width_split
-        gemm_s += max(e_flops / (gemm_rate * rows_efficiency(rows, device.kind)), e_bytes / bw)
-        gemm_flops += e_flops
+        e_out = expert_output_bytes(spec, assignments, tp)  # written after each expert GEMM's short K loop
+        e_rate = gemm_rate * expert_rows_efficiency(rows, device.kind, dtype)
+        gemm_s += max(e_flops / e_rate, e_bytes / bw) + e_out / bw
+        gemm_flops += e_flops / moe_load
         weight_bytes += e_bytes
         permute_bytes = 4 * BF16 * assignments * spec.hidden / tp  # permute in and out, read and write
+        permute_bytes += quantize_bytes(spec, assignments, tp, dtype)
     # attention core: QK^T and AV
     heads = spec.heads / tp
     keys = context if flash_attention else 2 * context

@@ -20,7 +20,9 @@ the newest is preempted and later recomputed (vLLM's default preemption). Betwee
 is the step time at its start and end, averaged, times its steps. A step reads the weights (the
 experts a batch touches, for MoE) and the batch's KV cache, computes its GEMMs and attention
 (roofline), all-reduces over tensor parallelism twice per layer, and pays the engine's per-step
-CPU overhead.
+CPU overhead. An MoE layer's experts (vLLM's fused MoE) cost as the busiest expert-parallel rank's
+under the layout's routing, and with expert parallelism the step dispatches and combines its tokens
+(perf/moe.py; counted in the decode and prefill lines).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from rpeg.perf.cost import StageCost
 from rpeg.perf.efficiency import (DECODE_OVERHEAD_PER_SEQ_S, DECODE_STEP_OVERHEAD_S, KV_MEMORY_UTILIZATION,
                                   KV_MEMORY_UTILIZATION_COLOCATED, Factor, host_time)
 from rpeg.perf.flops import expected_generation_flops
+from rpeg.perf.moe import busiest_rank_load, dispatch_s
 
 MAX_NUM_SEQS = Factor(256, "vLLM's default cap on sequences in one batch (max_num_seqs)")
 _GOLDEN = (math.sqrt(5) - 1) / 2
@@ -107,8 +110,10 @@ class _StepModel:
         kw = dict(tokens=mb, context=ctx / max(mb, 1e-9), tp=lay.tp, ep=lay.ep, kv_read_tokens=ctx, dtype=self.dtype)
         if dense:
             stage += layer_forward(spec, self.cluster.device, moe_layer=False, **kw).seconds * dense / pp
-        if moe:
-            stage += layer_forward(spec, self.cluster.device, moe_layer=True, **kw).seconds * moe / pp
+        if moe:  # the busiest expert-parallel rank's experts, and the EP exchange (perf/moe.py)
+            load = busiest_rank_load(spec, lay.ep, lay.routing, lay.capacity_factor)
+            stage += layer_forward(spec, self.cluster.device, moe_layer=True, moe_load=load, **kw).seconds * moe / pp
+            stage += 2 * dispatch_s(self.cluster, spec, mb, lay.ep, lay.dispatcher, load) * moe / pp
         stage += head_forward(spec, self.cluster.device, tokens=mb, tp=lay.tp, dtype=self.dtype, decode=True).seconds / pp
         comm = 2 * spec.layers / pp * all_reduce_s(self.cluster, mb * spec.hidden * BF16, Group(lay.tp, 1))
         # an eager engine's host time per forward call, where measured (cpu-local)
@@ -126,8 +131,10 @@ def _prefill_s(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, tokens
     kw = dict(tokens=tokens / layout.pp, context=prompt / 2, tp=layout.tp, ep=layout.ep, dtype=dtype)
     dense = spec.layers if not spec.is_moe else spec.dense_layers
     t = layer_forward(spec, cluster.device, moe_layer=False, **kw).seconds * dense
-    if spec.is_moe:
-        t += layer_forward(spec, cluster.device, moe_layer=True, **kw).seconds * spec.moe_layers
+    if spec.is_moe:  # the busiest expert-parallel rank's experts, and the EP exchange (perf/moe.py)
+        load = busiest_rank_load(spec, layout.ep, layout.routing, layout.capacity_factor)
+        t += layer_forward(spec, cluster.device, moe_layer=True, moe_load=load, **kw).seconds * spec.moe_layers
+        t += 2 * dispatch_s(cluster, spec, tokens / layout.pp, layout.ep, layout.dispatcher, load) * spec.moe_layers
     t += head_forward(spec, cluster.device, tokens=sequences, tp=layout.tp, dtype=dtype).seconds
     t += eager_host_s(cluster.device, spec.layers)  # an eager engine's host time per call, where measured
     comm = 2 * spec.layers * all_reduce_s(cluster, tokens / layout.pp * spec.hidden * BF16, Group(layout.tp, 1))

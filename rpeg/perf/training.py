@@ -6,11 +6,16 @@ v the interleaving. Per layer and micro-batch: the compute of `compute.layer_for
 twice the forward, recomputation per `recompute`; tensor-parallel all-reduces (or all-gather +
 reduce-scatter with sequence parallelism, the same bytes) twice in the forward and twice in the
 backward, not overlapped (Megatron-LM's default); context-parallel KV exchange overlapped with
-attention; expert-parallel all-to-all twice each way; pipeline sends of the activations at each
-stage boundary. After the last micro-batch: the gradient reduction over data parallelism, partly
-overlapped, and the optimizer step, which is memory-bound. A layout that offloads the optimizer
-(or the parameters) to the host adds the host link's traffic and the CPU's Adam step, each its own
-line of the breakdown (rpeg/perf/offload.py).
+attention; the expert-parallel exchange (dispatch and combine) in the forward and again in the
+backward, as the layout's dispatcher sends it, overlapped with the other micro-batch's compute under
+ep_overlap, the busiest rank's under natural routing (rpeg/perf/moe.py); kernel launches per layer,
+an MoE layer's own (MOE_LAYER_KERNELS and per local expert; in the forward at a host op's time, the
+dispatcher's sync leaving the GPU waiting) on a line of their own, removed by CUDA graphs (partial:
+the dense part; full: all); pipeline sends of the activations at each stage boundary. After the
+last micro-batch: the gradient reduction over data parallelism, partly overlapped, and the
+optimizer step, which is memory-bound. A layout that offloads the optimizer (or the parameters) to
+the host adds the host link's traffic and the CPU's Adam step, each its own line of the breakdown
+(rpeg/perf/offload.py).
 """
 
 from __future__ import annotations
@@ -22,9 +27,8 @@ from rpeg.graph.layout import ParallelLayout
 from rpeg.graph.model import ModelSpec
 from rpeg.hardware.device import Device
 from rpeg.hardware.topology import Cluster
-from rpeg.perf import memory, offload, recipe_options
-from rpeg.perf.collectives import (Group, all_gather_s, all_reduce_s, all_to_all_s, p2p_s, reduce_scatter_s,
-                                   tensorwise_all_gather_s)
+from rpeg.perf import memory, moe, offload, recipe_options
+from rpeg.perf.collectives import Group, all_gather_s, all_reduce_s, p2p_s, reduce_scatter_s, tensorwise_all_gather_s
 from rpeg.perf.compute import BF16, LayerTime, eager_host_s, head_forward, layer_forward
 from rpeg.perf.cost import StageCost
 from rpeg.perf.efficiency import (DP_OVERLAP, HBM, KERNEL_LAUNCH_S, KERNELS_PER_LAYER, OPTIMIZER_BYTES_PER_PARAM,
@@ -71,17 +75,24 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
     kw = dict(tokens=tokens, context=ctx, tp=tp, ep=ep, sp=layout.sequence_parallel, dtype=work.dtype,
               flash_attention=work.flash_attention)
     fwd = LayerTime(0, 0, 0, 0, 0)
+    load = moe.busiest_rank_load(spec, ep, layout.routing, layout.capacity_factor)  # the busiest rank's share
     if dense_l:
         fwd = fwd + layer_forward(spec, dev, moe_layer=False, **kw).scaled(dense_l * share)
     if moe_l:
-        fwd = fwd + layer_forward(spec, dev, moe_layer=True, **kw).scaled(moe_l * share)
+        fwd = fwd + layer_forward(spec, dev, moe_layer=True, moe_load=load, **kw).scaled(moe_l * share)
     # the output head runs on the last pipeline stage only: the step's time is that of its slowest
     # (the last) stage, but the work summed over devices counts the head once per pipeline (1 / pp)
     head = head_forward(spec, dev, tokens=tokens, tp=tp, dtype=work.dtype, value_head=work.value_head)
     layers_per_stage *= v
-    # per micro-batch on the host: measured per layer (cpu-local), else kernel launches
-    launch = eager_host_s(dev, layers_per_stage) or (KERNEL_LAUNCH_S.value * host_time(dev) * KERNELS_PER_LAYER
-                                                     * layers_per_stage)
+    # per micro-batch on the host: measured per layer (cpu-local), else kernel launches (none inside CUDA
+    # graphs: partial ones capture the attention and dense parts, full ones the whole iteration); an MoE
+    # layer's own kernels are launched eagerly unless the graphs are full (moe.moe_launches)
+    graphed = layout.cuda_graphs != "none"
+    launch = eager_host_s(dev, layers_per_stage) or (0.0 if graphed else KERNEL_LAUNCH_S.value * host_time(dev)
+                                                     * KERNELS_PER_LAYER * layers_per_stage)
+    moe_kernels = moe.moe_launches(spec, ep, work.dtype, layout.cuda_graphs) * moe_l * share \
+        if dev.layer_host_s <= 0 else 0.0
+    moe_fwd_host, moe_bwd_host = moe.moe_host_s(moe_kernels, host_time(dev), sync=not layout.capacity_factor)
 
     # communication per micro-batch on one stage
     act_bytes = tokens * spec.hidden * BF16
@@ -94,21 +105,28 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
         ring = (cp - 1) * p2p_s(cluster, kv_local, tp)
         cp_fwd = max(0.0, ring - fwd.attention_s / layers_per_stage) * layers_per_stage
     ep_fwd = 0.0
-    if moe_l and ep > 1:
-        routed = tokens * spec.experts_per_token * spec.hidden * BF16
-        ep_fwd = 2 * all_to_all_s(cluster, routed, Group(ep, 1)) * moe_l * share
+    if moe_l and ep > 1:  # dispatch and combine, each one direction of the dispatcher's copies (perf/moe.py)
+        ep_fwd = 2 * moe.dispatch_s(cluster, spec, tokens, ep, layout.dispatcher, load) * moe_l * share
 
+    passes = 1 if work.forward_only else 3  # a backward is twice the forward
+    # a full recompute runs the recomputed layers' forward again (recipe_options.recomputed_fraction)
+    refwd = recipe_options.recomputed_fraction(layout, round(layers_per_stage)) if layout.recompute == "full" else 0.0
+    moe_launch = moe_fwd_host + (0.0 if work.forward_only else moe_bwd_host + refwd * moe_fwd_host)
+    launch_s = passes * launch + moe_launch
     if work.forward_only:
-        compute = fwd.seconds + head.seconds + launch
-        comm = tp_fwd + cp_fwd + ep_fwd
-        per_mb = compute + comm
+        compute = fwd.seconds + head.seconds + launch_s
+        ep_mb, cp_tp_mb = ep_fwd, tp_fwd + cp_fwd
         recompute_s = 0.0
     else:
         recompute_s = _recompute_s(spec, layout, fwd, dense_l * share, moe_l * share, tp_fwd + ep_fwd,
                                    layers_per_stage)
-        compute = 3 * (fwd.seconds + head.seconds) + 3 * launch
-        comm = 2 * (tp_fwd + cp_fwd + ep_fwd)
-        per_mb = compute + comm + recompute_s
+        compute = 3 * (fwd.seconds + head.seconds) + launch_s
+        ep_mb, cp_tp_mb = 2 * ep_fwd, 2 * (tp_fwd + cp_fwd)
+    # EP overlap (training: one micro-batch's forward beside another's backward) hides the exchange behind
+    # the other micro-batch's layers, which lose the exchange's SMs meanwhile
+    ep_exposed, ep_sm_s = moe.overlapped(ep_mb, 3 * fwd.seconds, layout.ep_overlap and not work.forward_only, m)
+    comm = cp_tp_mb + ep_exposed
+    per_mb = compute + ep_sm_s + comm + recompute_s
     p2p = 0.0
     if pp > 1:
         # Megatron's scatter/gather optimization (Narayanan 2021, section 4.1): each tensor-parallel rank
@@ -189,12 +207,14 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
                                      microbatches_in_flight=m, value_head=work.value_head, dtype=work.dtype)
     bubble_s = bubble_mbs * bubble_mb * steps
     comm_s = (m * (comm + p2p) + dp_s) * steps
-    compute_s = (m * (compute + recompute_s)) * steps
-    parts = (("compute", m * (compute - (3 if not work.forward_only else 1) * launch + recompute_s) * steps),
-             ("kernel launches", m * (3 if not work.forward_only else 1) * launch * steps),
+    compute_s = (m * (compute + ep_sm_s + recompute_s)) * steps
+    parts = (("compute", m * (compute - launch_s + recompute_s) * steps),
+             ("kernel launches", m * passes * launch * steps),
+             ("MoE kernel launches", m * moe_launch * steps),
              ("tensor-parallel comm", m * tp_fwd * (1 if work.forward_only else 2) * steps),
              ("context-parallel comm", m * cp_fwd * (1 if work.forward_only else 2) * steps),
-             ("expert-parallel comm", m * ep_fwd * (1 if work.forward_only else 2) * steps),
+             ("expert-parallel comm", m * ep_exposed * steps),
+             ("expert-parallel overlap, SMs lent", m * ep_sm_s * steps),
              ("pipeline sends", m * p2p * steps),
              ("pipeline bubble", bubble_s),
              ("gradient sync", dp_s * steps),

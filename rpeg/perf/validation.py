@@ -18,8 +18,10 @@ Assumptions the schema leaves open, the same for every entry:
 - training entries may carry the Megatron-Core recipe options that set a run's memory
   (`recompute_modules`, `recompute_layers`, `offload_activation_layers`, `grad_dtype`,
   `optimizer_moments`, `pp_embedding_loss_slots`: rpeg/perf/recipe_options.py); without them, none.
-- training entries' run conditions that the cost model has no mechanism for yet (`routing`,
-  `cuda_graphs`, `dispatcher`, `ep_overlap`, `packing`, and `etp` beyond its check) are parsed,
+- training entries' MoE run conditions (`routing`, `cuda_graphs`, `dispatcher`, `ep_overlap`,
+  `capacity_factor`) go to the layout (rpeg/perf/moe.py prices them), absent ones at MOE_OPTIONS:
+  balanced routing, no CUDA graphs, the per-(token, expert) all-to-all, not overlapped, dropless.
+  Conditions the model has no mechanism for yet (`packing`, and `etp` beyond its check) are parsed,
   checked and printed with the entry's result (its note), and change no prediction.
 - RL entries: GRPO as NeMo-RL runs it: generation, policy logprobs, reference logprobs (its GRPO
   default reference_policy_kl_penalty is 0.01), training, refit; Megatron's distributed optimizer
@@ -27,7 +29,8 @@ Assumptions the schema leaves open, the same for every entry:
   pageable memory (NEMO_RL_PAGEABLE); one vLLM engine per `generation.tp x pp` devices; the reference's weights
   swapped in from the host (`reference_on_host`); sequence packing with micro-batches of
   `training.micro_batch` (1) and `training.logprob_batch` (NEMO_RL_LOGPROB_BATCH) maximum-length
-  sequences unless the entry says `packing: false`. Prompt length PROMPT_TOKENS; response lengths
+  sequences unless the entry says `packing: false`; an MoE model as NEMO_RL_MOE (natural routing, the
+  per-(token, expert) all-to-all, no overlap, no CUDA graphs). Prompt length PROMPT_TOKENS; response lengths
   log-normal with the entry's mean, truncated at its max, shape RESPONSE_SIGMA.
 """
 
@@ -67,6 +70,10 @@ NEMO_RL_ZERO = Factor(1, "NeMo-RL's Megatron policy uses the distributed optimiz
 NEMO_RL_LOGPROB_BATCH = Factor(4, "NeMo-RL's default policy.logprob_batch_size (grpo_math_1B.yaml at v0.5.0, the "
                                    "8B/70B/30B-A3B Megatron configs at v0.3.0): with sequence packing a logprob "
                                    "micro-batch holds 4 x max_total_sequence_length tokens")
+# How NeMo-RL's Megatron policy runs an MoE model (its megatron_cfg: moe_token_dispatcher_type "alltoall",
+# moe_enable_deepep false, moe_shared_expert_overlap false, no CUDA graphs in training) on the learned
+# router's natural routing (an RL run never forces the balance); vLLM's engine routes naturally too
+NEMO_RL_MOE = {"dispatcher": "alltoall", "ep_overlap": False, "cuda_graphs": "none", "routing": "natural"}
 TRAIN_LAYOUT_KEYS = {"tp", "pp", "cp", "ep", "sequence_parallel", "recompute", "micro_batch", "logprob_batch", "packing"}
 GEN_LAYOUT_KEYS = {"tp", "pp", "ep"}
 
@@ -76,11 +83,11 @@ TRAIN_KEYS = {"id", "system", "model", "gpus", "tp", "pp", "dp", "cp", "ep", "gl
               "offload_optimizer",
               "dtype", "flash_attention", "routing", "cuda_graphs", "dispatcher", "ep_overlap", "packing",
               "recompute_modules", "recompute_layers", "offload_activation_layers", "grad_dtype", "optimizer_moments",
-              "pp_embedding_loss_slots"}
+              "pp_embedding_loss_slots", "capacity_factor"}
 # A training entry's named options: key -> (allowed values, what it means). All but IGNORED_OPTIONS reach
-# the cost model (PassWorkload / ParallelLayout, with recompute_modules, recompute_layers and
-# offload_activation_layers: _recipe_options); the ignored ones it has no mechanism for yet: they are
-# checked, printed beside the result, and change nothing.
+# the cost model (PassWorkload / ParallelLayout; the MoE ones rpeg/perf/moe.py, with recompute_modules,
+# recompute_layers and offload_activation_layers: _recipe_options); the ignored ones it has no mechanism
+# for yet: they are checked, printed beside the result, and change nothing.
 TRAIN_OPTIONS: dict[str, tuple[tuple[Any, ...], str]] = {
     "dtype": (("fp16", "bf16", "fp8"), "compute precision of the GEMMs (fp8: FP8 tensor-core rate, any scaling)"),
     "flash_attention": ((False, True), "a fused attention kernel (TE / FlashAttention) instead of Megatron-2022's"),
@@ -96,7 +103,8 @@ TRAIN_OPTIONS: dict[str, tuple[tuple[Any, ...], str]] = {
     "pp_embedding_loss_slots": ((False, True), "the embedding and the loss each take a layer's slot of the pipeline "
                                                "split (account_for_embedding/loss_in_pipeline_split)"),
 }
-IGNORED_OPTIONS = ("routing", "cuda_graphs", "dispatcher", "ep_overlap", "packing")
+IGNORED_OPTIONS = ("packing",)
+MOE_OPTIONS = {"routing": "balanced", "cuda_graphs": "none", "dispatcher": "alltoall", "ep_overlap": False}  # defaults
 TOKENS_CHECK = 0.05  # measured_iteration_s and measured_tokens_per_s_per_gpu, both given, agree this closely
 RL_KEYS = {"id", "system", "model", "gpus", "gpus_per_node", "gen_gpus", "prompts", "samples_per_prompt",
            "train_global_batch", "max_seq_len", "mean_seq_len", "async_bound", "colocated", "generation", "training",
@@ -150,7 +158,8 @@ def _conditions(entry: dict, spec: ModelSpec, tp: int, ep: int, where: str) -> t
     if etp not in (1, tp):
         raise RpegError(f"{where}.etp: {etp} must be 1 or tp = {tp} (experts split over the tensor-parallel "
                         "ranks, or not); the cost model splits experts as ep > 1 implies and reads no other etp")
-    moe_only = [k for k in ("routing", "dispatcher", "ep_overlap", "etp") if k in entry and not spec.is_moe]
+    moe_only = [k for k in ("routing", "dispatcher", "ep_overlap", "etp", "capacity_factor")
+                if k in entry and not spec.is_moe]
     if moe_only:
         raise RpegError(f"{where}.{moe_only[0]}: {spec.name} has no experts; {moe_only[0]} applies to MoE models only")
     if entry.get("ep_overlap") and ep == 1:
@@ -253,9 +262,12 @@ def predict_training(entry: dict, models: dict[str, ModelSpec], where: str) -> R
     sp = _option(entry, "sequence_parallel", where, recompute == "selective" and tp > 1)
     if sp and tp == 1:
         raise RpegError(f"{where}.sequence_parallel: true needs tp > 1")
+    moe_options = {k: _option(entry, k, where, default) for k, default in MOE_OPTIONS.items()}
+    moe_options["capacity_factor"] = _get(entry, "capacity_factor", where, 0.0, float)
     layout = ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, recompute=recompute, sequence_parallel=sp,
                             pp_interleave=_get(entry, "pp_interleave", where, 1), pp_uneven=bool(spec.layers % pp),
-                            zero=zero, offload_optimizer=float(offload), **_recipe_options(entry, recompute, pp, where))
+                            zero=zero, offload_optimizer=float(offload), **_recipe_options(entry, recompute, pp, where),
+                            **moe_options)
     cluster = load_cluster(_need(entry, "system", where, str), gpus)
     seq, batch = _need(entry, "seq", where), _need(entry, "global_batch", where)
     micro = _need(entry, "micro_batch", where)
@@ -362,7 +374,9 @@ def nemo_rl_plan(run: NemoRlRun, where: str):
     gtp, gpp, gep = (run.generation[k] for k in ("tp", "pp", "ep"))
     if gen_gpus % (gtp * gpp):
         raise RpegError(f"{where}: generation tp*pp = {gtp}*{gpp} does not divide its {gen_gpus} devices")
-    g = parallelize(g, "generate", dp=gen_gpus // (gtp * gpp), tp=gtp, pp=gpp, ep=gep, pp_uneven=bool(spec.layers % gpp))
+    moe_kw = {"routing": NEMO_RL_MOE["routing"]} if spec.is_moe else {}
+    g = parallelize(g, "generate", dp=gen_gpus // (gtp * gpp), tp=gtp, pp=gpp, ep=gep,
+                    pp_uneven=bool(spec.layers % gpp), **moe_kw)
     ttp, tpp, tcp, tep = (run.training[k] for k in ("tp", "pp", "cp", "ep"))
     if train_gpus % (ttp * tpp * tcp):
         raise RpegError(f"{where}: training tp*pp*cp = {ttp}*{tpp}*{tcp} does not divide its {train_gpus} devices")
@@ -375,7 +389,8 @@ def nemo_rl_plan(run: NemoRlRun, where: str):
             extra = {"zero": NEMO_RL_ZERO.value, "recompute": run.training["recompute"],
                      "pageable": NEMO_RL_PAGEABLE} if train else {}
             mb = run.training["micro_batch" if train else "logprob_batch"]
-            g = parallelize(g, s.name, **lay, **extra, micro_batch=mb, packing=run.training["packing"])
+            g = parallelize(g, s.name, **lay, **extra, micro_batch=mb, packing=run.training["packing"],
+                            **(NEMO_RL_MOE if spec.is_moe else {}))
     g = refit(g, "full")  # NeMo-RL's refit gathers every tensor in full (refit_utils.gather_params)
     g = keep_reference_on_host(g)  # the reference's weights wait on the host (use_reference_model)
     return g, load_cluster(run.system, gpus)

@@ -1,0 +1,180 @@
+"""Mixture of experts as it runs: the expert-parallel exchange, routing imbalance, the grouped expert
+GEMMs and the host time of an MoE layer. Pure functions; `compute.layer_forward`'s MoE branch,
+`training.pass_cost` and `generation._StepModel` call them.
+
+- The exchange (dispatch before the experts, combine after, each one direction of bf16 hidden
+  states per token copy). What a token costs depends on the dispatcher (ParallelLayout.dispatcher):
+  `alltoall` sends one copy per (token, expert) pair (Megatron's --moe-token-dispatcher-type
+  alltoall: the permuted tokens are split by destination rank); `allgather` gathers every token of
+  the group to every rank; `deepep` and `hybridep` (Megatron's flex dispatcher) send a token once
+  per destination rank, and across a scale-out network once per destination node, which forwards it
+  over NVLink to its ranks there (DeepEP README: "kernels optimized for asymmetric-domain bandwidth
+  forwarding, such as forwarding data from NVLink domain to RDMA domain"). With top-k of E experts
+  spread evenly over g groups (ranks or nodes), a token reaches a group with probability
+  1 - C(E - E/g, k) / C(E, k) (`hit_probability`): 6.6 of 16 ranks and 1.99 of 2 nodes for Qwen3's
+  top-8 of 128, where the per-pair all-to-all sends 8 copies, 4 of them across the network.
+- Overlap (ParallelLayout.ep_overlap, training only: it pairs one micro-batch's forward with
+  another's backward, so it needs two of them): the exchange hides behind the other micro-batch's
+  compute, which meanwhile loses the SMs the exchange runs on (EP_OVERLAP_SM_SHARE).
+- Routing (ParallelLayout.routing): balanced (forced, as benchmarks run) or natural, where the
+  busiest of the ep ranks sets the time of the expert GEMMs and of the exchange (`busiest_rank_load`);
+  with an expert capacity (ParallelLayout.capacity_factor) every expert is padded to it instead.
+- Grouped GEMMs: each local expert's GEMM over the rows routed to it follows a curve over rows per
+  expert (GROUPED_GEMM_ROWS_HALF, by dtype), and writes its output after its short K loop, a write
+  that adds to its time (`expert_output_bytes`); in fp8 each expert input is quantized first
+  (`quantize_bytes`). Both are why fp8 buys little on small experts: they do not shrink with the rate.
+- Host time: an MoE layer's forward launches MOE_LAYER_KERNELS kernels plus MOE_KERNELS_PER_EXPERT per
+  local expert. The dropless dispatcher copies the per-expert token counts to the host every layer
+  (a device-to-host sync; DeepEP and HybridEP wait on the host for their receive counts likewise), so
+  in the forward the host cannot queue the layer's kernels ahead of the GPU and each costs the host
+  time of one framework op (MOE_HOST_OP_S); the backward, without a sync, costs each of its kernels
+  its launch and tail (KERNEL_LAUNCH_S; `moe_host_s`), as does a forward padded to capacity, whose
+  shapes are known without a sync. Full CUDA graphs (ParallelLayout.cuda_graphs =
+  full) remove both; partial graphs capture the attention and dense parts only (`moe_launches`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rpeg.graph.model import ModelSpec
+from rpeg.hardware.topology import Cluster
+from rpeg.perf.collectives import Group, exchange_s
+from rpeg.perf.efficiency import (EP_OVERLAP_SM_SHARE, GEMM_ROWS_HALF, GROUPED_GEMM_ROWS_HALF, KERNEL_LAUNCH_S,
+                                  MOE_HOST_OP_S, MOE_KERNELS_PER_EXPERT, MOE_LAYER_KERNELS, ROUTING_LOAD_CV)
+
+BF16 = 2
+# fp8 GEMM inputs: Transformer Engine's cast-transpose reads the bf16 input (2 B) and writes it in fp8 (1 B) and,
+# for the backward's weight gradient, transposed in fp8 (1 B) once more
+QUANTIZE_BYTES_PER_ELEMENT = 4
+
+
+def hit_probability(experts: int, top_k: int, groups: float) -> float:
+    """The probability that a token's top_k distinct experts, uniformly among `experts` spread evenly
+    over `groups` groups, include one of a given group's: 1 - C(E - E/g, k) / C(E, k)."""
+    if groups <= 1:
+        return 1.0
+    per = experts / groups
+    miss = 1.0
+    for i in range(top_k):
+        miss *= max(0.0, (experts - per - i) / (experts - i))
+    return 1.0 - miss
+
+
+@dataclass(frozen=True, slots=True)
+class Copies:
+    """Copies of one token's hidden state a rank sends in one direction of the exchange: to ranks
+    of its own node (`inside`) and across the level above (`outside`)."""
+
+    inside: float
+    outside: float
+
+
+def token_copies(spec: ModelSpec, ep: int, ranks_per_node: int, dispatcher: str, scale_out: bool) -> Copies:
+    """Copies per token for `ep` ranks, `ranks_per_node` of them per node; `scale_out`: the level
+    above the node is a network (a deduplicating dispatcher sends once per node across it)."""
+    n, k, experts = ep, spec.experts_per_token, spec.experts
+    r = max(1, min(ranks_per_node, n))
+    if n <= 1:
+        return Copies(0.0, 0.0)
+    if dispatcher == "allgather":
+        return Copies(r - 1.0, float(n - r))
+    if dispatcher == "alltoall":
+        return Copies(k * (r - 1) / n, k * (n - r) / n)
+    p_rank = hit_probability(experts, k, n)
+    nodes = n / r
+    if scale_out and nodes > 1:
+        # once to each destination node over the network, then from there to its destination ranks over
+        # NVLink (by symmetry each rank forwards as many as it sends): (r - 1) p_rank per node, own included
+        return Copies(nodes * (r - 1) * p_rank, (nodes - 1) * hit_probability(experts, k, nodes))
+    return Copies((r - 1) * p_rank, (n - r) * p_rank)
+
+
+def busiest_rank_load(spec: ModelSpec, ep: int, routing: str, capacity_factor: float = 0.0) -> float:
+    """The busiest expert-parallel rank's tokens over the mean: 1 with balanced routing or one rank;
+    with natural routing 1 + cv sqrt(2 ln ep) / sqrt(E / ep) (ROUTING_LOAD_CV: the expected maximum of
+    ep rank loads, each the sum of E/ep experts' loads of spread cv). With an expert capacity (padded),
+    every expert takes exactly capacity_factor x its mean share, whatever the routing."""
+    if capacity_factor > 0 and spec.is_moe:
+        return capacity_factor
+    if routing != "natural" or ep <= 1 or not spec.is_moe:
+        return 1.0
+    return 1.0 + ROUTING_LOAD_CV.value * math.sqrt(2 * math.log(ep)) / math.sqrt(spec.experts / ep)
+
+
+def dispatch_s(cluster: Cluster, spec: ModelSpec, tokens: float, ep: int, dispatcher: str,
+               load: float = 1.0) -> float:
+    """One direction of the exchange (dispatch, or combine) of this rank's `tokens` tokens over `ep`
+    ranks (consecutive devices), the busiest rank carrying `load` x the mean."""
+    if ep <= 1 or tokens <= 0 or not spec.is_moe:
+        return 0.0
+    span = cluster.span(ep, 1)
+    per_node = ep if span.inner is None else span.ranks_per_unit
+    scale_out = span.inner is not None and span.level.link != span.inner.link
+    c = token_copies(spec, ep, per_node, dispatcher, scale_out)
+    per_copy = tokens * spec.hidden * BF16 * load
+    return exchange_s(cluster, per_copy * c.inside, per_copy * c.outside, Group(ep, 1))
+
+
+def overlapped(comm_s: float, compute_s: float, overlap: bool, microbatches: int) -> tuple[float, float]:
+    """(exposed exchange, compute lost to the exchange's SMs) of `comm_s` seconds of exchange beside
+    `compute_s` seconds of another micro-batch's compute; without overlap (or with one micro-batch,
+    which has no other to pair with) all of it is exposed."""
+    if not overlap or microbatches < 2 or comm_s <= 0:
+        return comm_s, 0.0
+    hidden = min(comm_s, compute_s)
+    return comm_s - hidden, hidden * EP_OVERLAP_SM_SHARE.value
+
+
+def expert_rows_efficiency(rows: float, kind: str, dtype: str) -> float:
+    """The fraction of the large-GEMM rate an expert GEMM over `rows` rows reaches (GROUPED_GEMM_ROWS_HALF
+    on GPUs, by dtype; GEMM_ROWS_HALF elsewhere)."""
+    if rows <= 0:
+        return 1.0
+    curve = GROUPED_GEMM_ROWS_HALF["fp8" if dtype == "fp8" else "bf16"] if kind == "gpu" else GEMM_ROWS_HALF[kind]
+    half = curve.value
+    return rows / (rows + half)
+
+
+def expert_output_bytes(spec: ModelSpec, assignments: float, tp: int) -> float:
+    """What the expert GEMMs of `assignments` (token, expert) pairs write: fc1's gate and up (one of
+    them for a GELU MLP) and fc2's hidden, in bf16. A GEMM writes its output tile after its K loop (the
+    epilogue), so with short K loops (an expert's hidden of 2-7K, its moe_ffn of 0.7-2K) the write
+    adds to the GEMM's time instead of hiding under it: DeepGEMM's fp8 GEMMs on H800 at M = 4,096
+    reach 590 TFLOP/s with K = 512 (N = 32,768) against 1,358 with K = 16,384 (README tables, 2025), as
+    FLOPs at the large-K rate plus the output at HBM speed has it (680 and 1,280)."""
+    width = (2 if spec.ffn_act == "swiglu" else 1) * spec.moe_ffn + spec.hidden
+    return BF16 * assignments * width / tp
+
+
+def quantize_bytes(spec: ModelSpec, assignments: float, tp: int, dtype: str) -> float:
+    """HBM traffic of quantizing the expert GEMMs' inputs (fc1's hidden, fc2's moe_ffn) of
+    `assignments` (token, expert) pairs in fp8; 0 in other dtypes."""
+    if dtype != "fp8":
+        return 0.0
+    return QUANTIZE_BYTES_PER_ELEMENT * assignments * (spec.hidden + spec.moe_ffn) / tp
+
+
+def local_experts(spec: ModelSpec, ep: int) -> float:
+    return spec.experts / max(1, ep)
+
+
+def moe_host_s(kernels: float, host: float, sync: bool = True) -> tuple[float, float]:
+    """(forward, backward) host time of `kernels` kernels of MoE layers' forward, on a host `host` times
+    as slow as the x86 reference (HOST_TIME). In a dropless forward (`sync`) the dispatcher's
+    device-to-host sync leaves the GPU waiting for the host, so each kernel costs the host time of one
+    framework op (MOE_HOST_OP_S); the backward (twice the kernels), and a forward padded to capacity,
+    have no sync: the host runs ahead, and each kernel costs its launch and tail (KERNEL_LAUNCH_S)."""
+    forward = MOE_HOST_OP_S.value if sync else KERNEL_LAUNCH_S.value
+    return kernels * forward * host, 2 * kernels * KERNEL_LAUNCH_S.value * host
+
+
+def moe_launches(spec: ModelSpec, ep: int, dtype: str, cuda_graphs: str) -> float:
+    """Kernels the host launches for one MoE layer's forward outside CUDA graphs: MOE_LAYER_KERNELS plus
+    MOE_KERNELS_PER_EXPERT per local expert; none under full-iteration graphs (partial graphs leave the
+    expert part eager: its shapes change with the routing)."""
+    if cuda_graphs == "full" or not spec.is_moe:
+        return 0.0
+    per_expert = MOE_KERNELS_PER_EXPERT["fp8" if dtype == "fp8" else "bf16"].value
+    return MOE_LAYER_KERNELS.value + per_expert * local_experts(spec, ep)
