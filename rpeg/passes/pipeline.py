@@ -25,6 +25,7 @@ from rpeg.passes.placement import colocate, place
 from rpeg.passes.reference import reference_on_host
 from rpeg.passes.refit import refit
 from rpeg.passes.rollout import partial_rollout
+from rpeg.passes.calls import serial_calls
 from rpeg.passes.sharing import share_actor_critic
 from rpeg.passes.streaming import stream
 
@@ -39,6 +40,7 @@ PASSES: dict[str, tuple[Callable[..., Graph], str]] = {
     "parallelize": (parallelize, "a stage's DP/TP/PP/CP/EP layout, ZeRO stage, recomputation and offload"),
     "partial_rollout": (partial_rollout, "generation never drains: running responses carry into the next step (k >= 1)"),
     "refit": (refit, "how a colocated weight sync gathers the engine's weights: its shard, or every tensor in full"),
+    "serial_calls": (serial_calls, "each engine gets calls of N sequences, served one at a time"),
     "reference_on_host": (reference_on_host, "the reference's weights wait in host memory and are swapped in for its pass"),
 }
 

@@ -8,6 +8,7 @@ from rpeg.errors import RpegError
 from rpeg.graph import Graph, Kind, Stage
 from rpeg.hardware.topology import Cluster
 from rpeg.perf import memory, offload
+from rpeg.perf.calls import with_serial_calls
 from rpeg.perf.compute import BF16
 from rpeg.perf.cost import StageCost
 from rpeg.perf.efficiency import Factor, host_link_bytes_per_s
@@ -71,6 +72,8 @@ def stage_cost(graph: Graph, stage: Stage, cluster: Cluster) -> StageCost:
                            in_flight=graph.in_flight)
         colocated = _shares_with_training(graph, stage)
         cost = generation_cost(stage.name, spec, stage.layout, cluster, work, colocated=colocated)
+        if graph.call_sequences:  # the engine reached in serial calls of a few sequences (passes/calls.py)
+            cost = with_serial_calls(cost, spec, stage.layout, cluster, work, graph.call_sequences, colocated)
         return _with_resident_state(graph, stage, cost) if colocated else cost
     cost = pass_cost(stage.name, spec, stage.layout, cluster, _pass_workload(graph, stage, train=stage.kind is Kind.TRAIN))
     if graph.reference_on_host and stage.model == "ref" and stage.kind is Kind.INFER:

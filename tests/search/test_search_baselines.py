@@ -23,12 +23,12 @@ from rpeg.search.baselines.real import meshes
 from rpeg.search.layouts import LayoutCache
 from rpeg.sim import simulate
 
-NAMES = ("verl", "verl-megatron", "verl-one-step-off", "verl-fully-async", "real", "openrlhf", "openrlhf-async", "areal", "nemo-rl",
+NAMES = ("verl", "verl-megatron", "verl-one-step-off", "verl-fully-async", "real", "openrlhf", "openrlhf-v0.2", "openrlhf-async", "areal", "nemo-rl",
          "nemo-rl-one-step-off", "deepspeed-chat")
-K = {"verl": 0, "verl-megatron": 0, "verl-one-step-off": 1, "verl-fully-async": 1, "real": 0, "openrlhf": 0, "openrlhf-async": 1, "areal": 4, "nemo-rl": 0,
+K = {"verl": 0, "verl-megatron": 0, "verl-one-step-off": 1, "verl-fully-async": 1, "real": 0, "openrlhf": 0, "openrlhf-v0.2": 0, "openrlhf-async": 1, "areal": 4, "nemo-rl": 0,
      "nemo-rl-one-step-off": 1, "deepspeed-chat": 0}
 COLOCATED = {"verl", "verl-megatron", "real", "nemo-rl", "deepspeed-chat"}  # generation shares devices with actor training
-FSDP_LIKE = {"verl", "verl-one-step-off", "verl-fully-async", "openrlhf", "openrlhf-async", "areal", "deepspeed-chat"}  # ZeRO-3, tp 1, pp 1
+FSDP_LIKE = {"verl", "verl-one-step-off", "verl-fully-async", "openrlhf", "openrlhf-v0.2", "openrlhf-async", "areal", "deepspeed-chat"}  # ZeRO-3, tp 1, pp 1
 MODULES = ("verl", "real", "openrlhf", "areal", "nemo_rl", "deepspeed_chat")
 
 LLAMA = get_model("llama-3.1-8B")
@@ -97,7 +97,7 @@ def test_group_sizes_ppo_on_64_gpus(plans):
     assert sizes(p["areal"]) == {n: 16 for n in everything} | {"generate": 48}
     assert sizes(p["real"]) == {"generate": 64, "reward": 16, "actor_logprobs": 16, "ref_logprobs": 16,
                                 "critic_values": 16, "advantages": 64, "actor_update": 32, "critic_update": 32}
-    for name in ("openrlhf", "openrlhf-async"):
+    for name in ("openrlhf", "openrlhf-v0.2", "openrlhf-async"):
         s = sizes(p[name])
         assert s == {"generate": 16, "reward": 8, "actor_logprobs": 16, "ref_logprobs": 8, "critic_values": 16,
                      "advantages": 16, "actor_update": 16, "critic_update": 16}
@@ -131,7 +131,7 @@ def test_grpo_group_sizes_on_64_gpus(plans):
 
 @pytest.mark.parametrize("gpus", (64, 8))
 def test_disaggregated_groups_do_not_overlap_and_real_calls_run_on_disjoint_meshes(plans, gpus):
-    for name in ("openrlhf", "openrlhf-async"):
+    for name in ("openrlhf", "openrlhf-v0.2", "openrlhf-async"):
         groups = plans[("ppo", gpus)][name].groups
         assert len(groups) == 5
         assert not any(a.overlaps(b) for i, a in enumerate(groups) for b in groups[i + 1:]), name

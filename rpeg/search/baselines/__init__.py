@@ -43,6 +43,9 @@ BASELINES: dict[str, Baseline] = {b.name: b for b in (
              "synchronous; 3D parallel (tp/pp, ZeRO-1) training and generation", real.build),
     Baseline("openrlhf", "OpenRLHF", "a group per model plus vLLM engines, disaggregated, synchronous; DeepSpeed "
              "ZeRO-3 training, vLLM TP", openrlhf.build),
+    Baseline("openrlhf-v0.2", "OpenRLHF", "as openrlhf, as it ran in early 2024 (v0.2.3): each actor "
+             "rank's micro-batch of prompts a separate generate call, an engine serving one call at a time",
+             openrlhf.build_v02),
     Baseline("openrlhf-async", "OpenRLHF", "a group per model plus vLLM engines, disaggregated, async queue of 1 "
              "(k = 1); DeepSpeed ZeRO-3 training, vLLM TP", openrlhf.build_async),
     Baseline("areal", "AReaL", "generation 3/4, training 1/4 (whole nodes), fully async k = 4, streamed per "

@@ -22,6 +22,14 @@ uses tensor parallelism inside a node. The weight sync gathers each parameter in
 (its issue #533: that broadcast took 40% of a step): `refit(gather="full")`, one sender.
 `openrlhf` is synchronous (k = 0); `openrlhf-async` is the same placement with k = 1.
 
+`openrlhf-v0.2` is `openrlhf` as it ran in the first half of 2024 (v0.2.3, April 2024, the version
+ReaL's paper compared against): each actor rank generated its share of the rollout batch in calls
+of `--micro_rollout_batch_size` prompts to engine `rank % vllm_num_engines`, waiting for each, and
+an engine served one call at a time (`serial_calls`, rpeg/passes/calls.py, with the sources). The
+micro-batch is the example scripts' for the model's size: 16 (train_ppo_llama_ray.sh, 7B), 2
+(train_ppo_llama_ray_70b.sh, 70B; taken above SCRIPT_70B_FROM_PARAMS). Later versions hand every
+prompt of the rollout batch to the engines at once (`openrlhf`).
+
 Fewer GPUs than groups: the first of these that fits, as OpenRLHF's own flags allow:
   1. `--colocate_actor_ref --colocate_critic_reward`: the reference joins the actor's group, the
      reward model the critic's (the actor's when there is no critic);
@@ -40,9 +48,14 @@ from dataclasses import dataclass
 
 from rpeg.graph import Graph, Kind
 from rpeg.hardware.topology import Cluster
-from rpeg.passes import bound_asynchrony, colocate, place, refit
+from rpeg.passes import bound_asynchrony, colocate, place, refit, serial_calls
 from rpeg.search.baselines.common import check_input, finish, node_divisors, split
 from rpeg.search.layouts import LayoutCache, LayoutOptions
+
+
+MICRO_ROLLOUT_BATCH_7B = 16  # v0.2.3 examples/scripts/train_ppo_llama_ray.sh: --micro_rollout_batch_size 16
+MICRO_ROLLOUT_BATCH_70B = 2  # v0.2.3 examples/scripts/train_ppo_llama_ray_70b.sh: --micro_rollout_batch_size 2
+SCRIPT_70B_FROM_PARAMS = 30e9  # the 70B script's settings for actors above this (its only other script is the 7B one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +120,17 @@ def _build(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache, k: int
 
 def build(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Graph | None:
     return _build(graph, cluster, gpus, cache, 0, "openrlhf")
+
+
+def micro_rollout_batch(graph: Graph) -> int:
+    """v0.2.3's example scripts' --micro_rollout_batch_size for the actor's size."""
+    big = graph.model("actor").spec.params_total() > SCRIPT_70B_FROM_PARAMS
+    return MICRO_ROLLOUT_BATCH_70B if big else MICRO_ROLLOUT_BATCH_7B
+
+
+def build_v02(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Graph | None:
+    check_input(graph, cluster, gpus, "openrlhf-v0.2")
+    return _build(serial_calls(graph, micro_rollout_batch(graph)), cluster, gpus, cache, 0, "openrlhf-v0.2")
 
 
 def build_async(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Graph | None:
