@@ -24,6 +24,7 @@ from rpeg.perf.flops import expected_forward_flops, expected_train_flops
 from rpeg.perf.stages import stage_cost
 from rpeg.perf.step import StepPrediction, _context_switch, predict_step
 from rpeg.search.layouts import LayoutCache, LayoutOptions, alternatives, apply_layouts
+from rpeg.search.memfit import fit_together
 from rpeg.search.space import (Placement, SpaceOptions, Structure, apply_execution, apply_structure, placements,
                                structures)
 
@@ -172,6 +173,8 @@ def search(graph: Graph, cluster: Cluster, gpus: int, *, objective: str = "time"
                         result.pruned += 1
                         continue
                 g = apply_layouts(g, sized, options, cache)
+                if g is not None:  # the models sharing devices, summed, within memory (memfit.py)
+                    g = fit_together(g, sized, options, cache)
                 if g is None:
                     continue
                 pred = predict_step(g, sized)

@@ -152,8 +152,9 @@ def test_training_70B_on_one_gpu_is_an_oom_verdict(dgx):
     g = data_parallel(g, generate={"tp": 8})
     pred = predict_step(g, dgx)
     assert not pred.fits
-    oom = {c.stage for c in pred.oom}
+    oom = {c.stage for c in pred.stages.values() if not c.fits}
     assert oom == {"actor_update", "actor_logprobs", "ref_logprobs"}
+    assert [m.name for m in pred.oom] == ["train"]  # the devices, each model there summed, name the group
     assert pred.stages["generate"].fits
     update = pred.stages["actor_update"]
     assert update.peak_memory_bytes > 18 * big.params_total() > update.capacity_bytes
@@ -163,7 +164,8 @@ def test_colocating_70B_on_one_gpu_names_generation_too(dgx):
     big = get_model("llama-3.1-70B")
     pred = predict_step(data_parallel(colocate(grpo(big), 1)), dgx)
     assert not pred.fits
-    assert {"generate", "actor_update"} <= {c.stage for c in pred.oom}
+    assert {"generate", "actor_update"} <= {c.stage for c in pred.stages.values() if not c.fits}
+    assert [m.name for m in pred.oom] == ["all"]
     assert pred.stages["generate"].seconds == math.inf
 
 
