@@ -99,8 +99,8 @@ def _oom_text(pred, cluster) -> str:
     worst = max(pred.oom, key=lambda m: m.peak_bytes - m.capacity_bytes) if pred.oom else None
     if worst is None:
         return "out of memory"
-    return (f"{worst.name} holds {worst.peak_bytes / 1e9:.0f} GB per GPU of {worst.capacity_bytes / 1e9:.0f} GB "
-            f"while {worst.peak_unit} runs ({', '.join(worst.models)})")
+    return (f"device group {worst.name!r} holds {worst.peak_bytes / 1e9:.0f} GB per GPU of "
+            f"{worst.capacity_bytes / 1e9:.0f} GB while {worst.peak_unit} runs: {', '.join(worst.models)}")
 
 
 def _summary(name: str, pred, tl, cluster, gpus: int, ref_s: float | None) -> dict:

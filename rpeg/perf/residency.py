@@ -19,13 +19,14 @@ What stays resident, and why (how the peers hold models on shared GPUs):
   `weights` and `optimizer` lines). verl's colocated worker keeps each FSDP model's parameters and
   optimizer state on the GPU unless `fsdp_config.param_offload` / `optimizer_offload` is set
   (workers/fsdp_workers.py offloads after a phase only under those flags); OpenRLHF's actor and
-  critic DeepSpeed engines stay on the GPUs unless `--deepspeed_enable_sleep` calls offload_states;
-  NeMo-RL's policy worker stays resident through the reference pass and offloads only around
-  generation (offload_before_refit). Gradients: Megatron's distributed optimizer and DeepSpeed
-  ZeRO-1/2 keep their gradient buffers allocated between steps (Megatron-Core's
-  param_and_grad_buffer is freed only by an explicit offload_to_cpu), so with zero < 3 they stay;
-  FSDP (zero = 3) frees them after the optimizer step (zero_grad(set_to_none=True)), so there they
-  are a transient of the training stage.
+  critic DeepSpeed engines stay on the GPUs unless `--ds.enable_sleep` (older
+  `--deepspeed_enable_sleep`) calls DeepSpeed's offload_states; NeMo-RL's Megatron policy moves its
+  state out only for the refit around generation (offload_optimizer_for_refit; rpeg/perf/offload.py)
+  and keeps its reference on the host (rpeg/passes/reference.py). Gradients: Megatron's
+  distributed optimizer and DeepSpeed ZeRO-1/2 keep their gradient buffers allocated between steps
+  (Megatron-Core's param_and_grad_buffer is freed only by an explicit offload_to_cpu), so with
+  zero < 3 they stay; FSDP (zero = 3) frees them after the optimizer step
+  (zero_grad(set_to_none=True)), so there they are a transient of the training stage.
 - A frozen model whose stage runs there (reference, reward, or a trained model's forward pass on
   devices that do not train it) keeps its weights: verl's reference worker unless
   `ref.fsdp_config.param_offload`, OpenRLHF's reference and reward models unless
@@ -54,7 +55,8 @@ stage's transient, so it is counted once per device: verl fuses all the models o
 group into one worker process (one CUDA context). OpenRLHF's separate Ray actors per model each
 have their own context (about 0.5-1 GB each); that difference is not modelled.
 
-Tests: tests/perf/test_perf_residency.py (a worked case by hand, the PPO plans of issue 25).
+Tests: tests/perf/test_perf_residency.py (a worked case by hand, the PPO plans of issue 25);
+the planner's use of it: rpeg/search/memfit.py.
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@ model's state, a frozen model's weights, an engine that never sleeps. When a set
 overflows, `fit_together` trades speed for memory one stage at a time: among the layouts of the
 stages on the overflowing devices that fit alone (each stage's Pareto front of time, resident bytes
 and transient bytes: ZeRO-3, offload, recomputation, more model parallelism), it takes the change
-that removes the most overflow (bytes over capacity, summed over the sets, never counting bytes
-below capacity) per added second, until all fit, or no change helps (the placement is then
-infeasible). Two cheap changes so beat one dear one that alone would fit (ZeRO-3 for the critic and
+that removes the most overflow per added second (bytes over capacity, summed over every stage's turn
+on every set of devices, so that helping one of two turns at the same peak counts), until all fit,
+or no change helps (the placement is then infeasible); then it undoes the changes later ones made
+needless. Two cheap changes so beat one dear one that alone would fit (ZeRO-3 for the critic and
 the reward model, not the critic's optimizer on the host). Greedy, not exhaustive, and
 deterministic: ties break on the stage's order and the layout's own order.
 """
@@ -57,6 +58,8 @@ def frugal_layouts(graph: Graph, stage: Stage, cluster: Cluster, opts: LayoutOpt
     devices = graph.group(stage.group).count
     fitting = []
     for lay in candidates(graph, stage, devices, cluster.gpus_per_node, opts):
+        if lay.recompute == "selective":
+            continue  # with FlashAttention it keeps all but the attention core's few bytes: never on the front
         trial = stage.replace(layout=lay)
         if layout_problems(graph, trial):
             continue
@@ -64,11 +67,12 @@ def frugal_layouts(graph: Graph, stage: Stage, cluster: Cluster, opts: LayoutOpt
         cache.evaluated += 1
         if cost.fits and math.isfinite(cost.seconds):
             fitting.append((lay, cost, (cost.seconds,) + _split(trial, cost)))
-    front = [(lay, cost) for lay, cost, v in fitting
-             if not any(all(a <= b for a, b in zip(w, v)) and w != v for _, _, w in fitting)]
-    front.sort(key=lambda lc: lc[1].seconds)
-    cache.frugal[key] = front
-    return front
+    front: list[tuple[ParallelLayout, StageCost, tuple[float, float, float]]] = []
+    for lay, cost, v in sorted(fitting, key=lambda x: x[2]):  # fastest first: only a faster one can dominate
+        if not any(w[1] <= v[1] and w[2] <= v[2] for _, _, w in front):
+            front.append((lay, cost, v))
+    cache.frugal[key] = [(lay, cost) for lay, cost, _ in front]
+    return cache.frugal[key]
 
 
 def fit_together(graph: Graph, cluster: Cluster, opts: LayoutOptions, cache: LayoutCache) -> Graph | None:
@@ -82,12 +86,14 @@ def fit_together(graph: Graph, cluster: Cluster, opts: LayoutOptions, cache: Lay
         found = best_layout(graph, s, cluster, opts, cache)  # remembered: no new costing
         costs[s.name] = found[1] if found and found[0] == s.layout else stage_cost(graph, s, cluster)
     held = _held(graph, costs)
+    changed: list[str] = []
     for _ in range(MOVES_PER_STAGE * len(costs)):
         over = overflow_bytes(held)
         if over <= 0:
-            return _relax(graph, costs, cluster, opts, cache)
+            return _relax(graph, costs, changed, cluster, opts, cache)
         worst = max((m for m in held if not m.fits), key=lambda m: m.peak_bytes - m.capacity_bytes)
         on = set(range(worst.first, worst.first + worst.count))
+        units_over = sum(1 for m in held for _, b in m.units if 0 < m.capacity_bytes < b)
         best = None  # (rank, trial graph, trial costs, held)
         for s in graph.stages:
             if s.model is None or s.kind in (Kind.SYNC, Kind.GENERATE) or not on & set(graph.group(s.group).devices):
@@ -98,9 +104,10 @@ def fit_together(graph: Graph, cluster: Cluster, opts: LayoutOptions, cache: Lay
                     continue
                 res, trans = _split(s.replace(layout=lay), cost)
                 added = max(cost.seconds - costs[s.name].seconds, 1e-9)
-                # it removes at most what it holds less, and never more than the overflow: skip what
-                # cannot beat the best change found so far without summing the devices again
-                bound = min(over, max(0.0, now[0] - res) + max(0.0, now[1] - trans)) / added
+                # it removes at most what it holds less (resident bytes from every overflowing unit,
+                # transient ones from its own), and never more than the overflow: skip what cannot
+                # beat the best change found so far without summing the devices again
+                bound = min(over, units_over * max(0.0, now[0] - res) + max(0.0, now[1] - trans)) / added
                 if bound <= 0 or (best is not None and -bound >= best[0][0]):
                     continue
                 trial = graph.with_stages([s.replace(layout=lay)])
@@ -111,19 +118,20 @@ def fit_together(graph: Graph, cluster: Cluster, opts: LayoutOptions, cache: Lay
                     continue
                 rank = (-(over - left) / added, left)  # overflow removed per added second, the most first
                 if best is None or rank < best[0]:
-                    best = (rank, trial, trial_costs, trial_held)
+                    best = (rank, trial, trial_costs, trial_held, s.name)
         if best is None:
             return None
-        _, graph, costs, held = best
-    return _relax(graph, costs, cluster, opts, cache) if overflow_bytes(held) <= 0 else None
+        _, graph, costs, held, name = best
+        changed += [name] if name not in changed else []
+    return _relax(graph, costs, changed, cluster, opts, cache) if overflow_bytes(held) <= 0 else None
 
 
-def _relax(graph: Graph, costs: dict[str, StageCost], cluster: Cluster, opts: LayoutOptions,
+def _relax(graph: Graph, costs: dict[str, StageCost], changed: list[str], cluster: Cluster, opts: LayoutOptions,
            cache: LayoutCache) -> Graph:
-    """Undo what the greedy changes made needless: each stage, in order, back to the fastest layout
-    of its front that still lets every set of devices fit."""
+    """Undo what the greedy changes made needless: each changed stage, in order, back to the fastest
+    layout of its front that still lets every set of devices fit."""
     for s in graph.stages:
-        if s.name not in costs or s.kind is Kind.GENERATE:
+        if s.name not in changed:
             continue
         for lay, cost in frugal_layouts(graph, s, cluster, opts, cache):
             if cost.seconds >= costs[s.name].seconds - 1e-12:

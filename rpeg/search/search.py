@@ -173,11 +173,20 @@ def search(graph: Graph, cluster: Cluster, gpus: int, *, objective: str = "time"
                         result.pruned += 1
                         continue
                 g = apply_layouts(g, sized, options, cache)
-                if g is not None:  # the models sharing devices, summed, within memory (memfit.py)
-                    g = fit_together(g, sized, options, cache)
                 if g is None:
                     continue
                 pred = predict_step(g, sized)
+                if pred.oom and all(c.fits for c in pred.stages.values()):
+                    # the models sharing devices, summed, overflow them: trade speed for memory (memfit.py),
+                    # unless even the stages at their fastest alone, less every sync and switch (all the
+                    # trade for the sync below can win back), cannot beat the best plan found
+                    if found and (pred.step_s - _sync_and_switch_s(g, sized)) * scale >= found[0][0]:
+                        result.pruned += 1
+                        continue
+                    g = fit_together(g, sized, options, cache)
+                    if g is None:
+                        continue
+                    pred = predict_step(g, sized)
                 if not pred.fits or not math.isfinite(pred.step_s):
                     continue
                 bar_s = found[0][0] / scale if found else math.inf  # the best plan's objective, in seconds here
