@@ -34,7 +34,8 @@ def test_predict_json_matches_table(capsys):
 def test_predict_out_of_memory_verdict(capsys):
     code, out, _ = run(capsys, "predict", str(ROOT / "tests" / "data" / "oom-llama70b-8gpu.yaml"))
     assert code == 3
-    assert "OUT OF MEMORY: stage 'actor_update' needs" in out and "of 85.5 GB" in out
+    assert "OUT OF MEMORY: device group 'all' (GPUs 0-7) holds" in out and "GB per GPU of 85.5 GB" in out
+    assert "while actor_update runs (actor trainer weights (actor_update)" in out  # each model and stage named
     assert "step time" not in out
 
 

@@ -95,18 +95,18 @@ def _predict(graph, cluster, steps: int):
 
 
 def _oom_text(pred, cluster) -> str:
-    """The stage that overflows the most, and by how much."""
-    worst = max(pred.oom, key=lambda c: c.peak_memory_bytes) if pred.oom else None
+    """The device group that overflows the most, by how much, and with which models."""
+    worst = max(pred.oom, key=lambda m: m.peak_bytes - m.capacity_bytes) if pred.oom else None
     if worst is None:
         return "out of memory"
-    return (f"{worst.stage} needs {worst.peak_memory_bytes / 1e9:.0f} GB per GPU of "
-            f"{cluster.device.hbm_capacity_bytes / 1e9:.0f} GB")
+    return (f"device group {worst.name!r} holds {worst.peak_bytes / 1e9:.0f} GB per GPU of "
+            f"{worst.capacity_bytes / 1e9:.0f} GB while {worst.peak_unit} runs: {', '.join(worst.models)}")
 
 
 def _summary(name: str, pred, tl, cluster, gpus: int, ref_s: float | None) -> dict:
     if not pred.fits:
         return {"plan": name, "fits": False, "step_s": None, "does_not_fit": _oom_text(pred, cluster)}
-    peak = max(c.peak_memory_bytes for c in pred.stages.values())
+    peak = pred.peak_memory_bytes
     return {"plan": name, "fits": True, "step_s": pred.step_s, "tokens_per_s": pred.tokens / pred.step_s,
             "utilization": tl.utilization, "mfu": tl.mfu, "peak_memory_gb": peak / 1e9,
             "usd_per_step": cluster.usd(gpus, pred.step_s), "bottleneck": pred.bottleneck,

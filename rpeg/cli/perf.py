@@ -70,7 +70,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
             "fits": pred.fits, "bottleneck": pred.bottleneck, "cost_usd_per_step": cluster.usd(gpus, pred.step_s) if pred.fits else None,
             "stages": [{"stage": n, "devices": w, "layout": lay, "seconds": c.seconds if c.fits else None,
                         "parts": {k: v for k, v in c.parts if v < float("inf")},
-                        "peak_memory_gb": c.peak_memory_bytes / 1e9, "fits": c.fits} for n, w, lay, c in rows]})
+                        "peak_memory_gb": c.peak_memory_bytes / 1e9, "fits": c.fits} for n, w, lay, c in rows],
+            "memory": [_memory_json(m) for m in pred.memory]})
         return 0 if pred.fits else 3
     print(header(graph, spec))
     print(f"cluster: {cluster.name}, {gpus} x {cluster.device.name}; layout from {planned_by}")
@@ -85,6 +86,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     print()
     print(table(["stage", "devices", "layout", "seconds", "share", "where the time goes", "GB/GPU", "fits"], body,
                 right=[3, 4, 6]))
+    print()
+    print(memory_table(pred))
     if pred.fits:
         print(f"\nstep time: {pred.step_s:.2f} s  ({pred.tokens_per_s_per_gpu:,.0f} tokens/s/GPU; bottleneck: "
               f"{pred.bottleneck})")
@@ -92,13 +95,37 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if usd:
         print(f"cost: ${usd:.2f} per step at ${cluster.gpu_hour_usd:g} per GPU-hour")
     if not pred.fits:
-        cap = cluster.device.hbm_capacity_bytes
-        for c in pred.oom:
-            parts = ", ".join(f"{k} {_gb(v)}" for k, v in c.memory_parts)
-            print(f"OUT OF MEMORY: stage {c.stage!r} needs {_gb(c.peak_memory_bytes)} GB per GPU of {_gb(cap)} GB "
-                  f"({parts}); try full recomputation, more tensor or pipeline parallelism, ZeRO-3, or more GPUs")
+        for m in pred.oom:
+            print(f"OUT OF MEMORY: {m.describe()}; try ZeRO-3, offload, full recomputation, more tensor or "
+                  "pipeline parallelism, other devices for some models, or more GPUs")
         return 3
     return 0
+
+
+def memory_table(pred) -> str:
+    """Per set of devices, what each device holds at its peak: one line per co-resident item, named
+    by model and stage, resident ones first (rpeg/perf/residency.py)."""
+    body = []
+    for m in pred.memory:
+        where = f"{m.name} {m.devices}"
+        for h in m.lines:
+            if h.bytes > 0:
+                body.append([where, h.model, h.stage, h.what, "step" if h.resident else "its stage", _gb(h.bytes)])
+                where = ""
+        for h in m.moved:
+            body.append([where, h.model, h.stage, h.what, "moved out", f"({_gb(h.bytes)})"])
+            where = ""
+        body.append(["", "", "", f"sum while {m.peak_unit} runs", f"of {_gb(m.capacity_bytes)}",
+                     _gb(m.peak_bytes) + ("" if m.fits else " NO")])
+    return table(["devices", "model", "stage", "held per GPU", "held for", "GB"], body, right=[5])
+
+
+def _memory_json(m) -> dict:
+    return {"group": m.name, "devices": m.devices, "peak_gb": m.peak_bytes / 1e9,
+            "capacity_gb": m.capacity_bytes / 1e9, "fits": m.fits, "peak_while": m.peak_unit,
+            "lines": [{"model": h.model, "stage": h.stage, "what": h.what, "gb": h.bytes / 1e9,
+                       "resident": h.resident} for h in m.lines],
+            "moved_out": [{"model": h.model, "stage": h.stage, "what": h.what, "gb": h.bytes / 1e9} for h in m.moved]}
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

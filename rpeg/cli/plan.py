@@ -30,7 +30,7 @@ def add_parsers(sub) -> None:
 
 def _row(name, cand, tl, cluster, ref_s: float):
     p = cand.prediction
-    peak = max(c.peak_memory_bytes for c in p.stages.values())
+    peak = p.peak_memory_bytes  # the fullest device, its co-resident models summed
     usd = cluster.usd(cand.gpus, p.step_s)
     return {"plan": name, "step_s": p.step_s, "tokens_per_s": p.tokens / p.step_s, "utilization": tl.utilization,
             "mfu": tl.mfu, "simulated_step_s": tl.step_s, "peak_memory_gb": peak / 1e9, "usd_per_step": usd,

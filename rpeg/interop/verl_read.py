@@ -319,7 +319,10 @@ def _from_config(cfg: dict[str, Any], mode: str, megatron: bool, source: str, *,
         if rgpus % rtp:
             raise RpegError(f"{source}: {rm_key}rollout.tensor_model_parallel_size = {rtp} does not divide its "
                             f"{rgpus} GPUs")
-        layouts["reward"] = ParallelLayout(dp=rgpus // rtp, tp=rtp)
+        # verl's FSDP reward model is FULL_SHARD (RewardModelWorker in workers/fsdp_workers.py, before #5194,
+        # with CPUOffload(offload_params=True) besides): its weights sharded, zero = 3 (the host offload, which
+        # keeps even less on the devices between its passes, is not modelled); Megatron's replicates them
+        layouts["reward"] = ParallelLayout(dp=rgpus // rtp, tp=rtp, zero=0 if strategy == "megatron" else 3)
         c.get(rm_key + "rollout.name")
 
     names = stage_names(algorithm, critic=has_critic, reference=uses_ref, reward_model=reward is not None, share=False)

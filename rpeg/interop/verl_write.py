@@ -168,7 +168,7 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
         lay["generate_greedy"] = lay["generate"]
     if "reward" in lay:
         r = lay["reward"]
-        lay["reward"] = ParallelLayout(dp=r.devices // r.tp, tp=r.tp)
+        lay["reward"] = ParallelLayout(dp=r.devices // r.tp, tp=r.tp, zero=0 if megatron else 3)  # as verl_read
     v = v.replace(layouts=tuple((s, lay[s]) for s, _ in v.layouts))
     gather = "shard" if megatron else "full"
     if v.refit_gather != gather:

@@ -30,8 +30,8 @@ Two mechanisms hide behind the word "offload", and the systems' flags name eithe
     The training step itself still holds everything on the device. RPEG's context switch
     (rpeg/perf/weightsync.py) has charged this move on every colocated plan; ParallelLayout.resident
     names the parts a plan keeps on the device instead (verl's flags set to false): they are not
-    copied, and they stay in the devices' memory while the engine runs (`resident_parts`), where vLLM
-    must still find its gpu_memory_utilization share free.
+    copied, and they stay in the devices' memory while the engine runs, where vLLM must still find its
+    gpu_memory_utilization share free (the per-device sum of rpeg/perf/residency.py).
 
 Pinned or pageable (what each system's copies really are, from its source; the rates are
 efficiency.HOST_LINK_* pinned and PAGEABLE_* pageable; ParallelLayout.pageable names the pageable
@@ -156,9 +156,3 @@ def switch_seconds(params: float, layout: ParallelLayout, device, direction: str
         rate = host_copy_bytes_per_s(device, f"{part}-{direction}", layout.pageable)
         by_rate[rate] = by_rate.get(rate, 0.0) + b
     return sum(b / rate for rate, b in by_rate.items())
-
-
-def resident_parts(spec: ModelSpec, layout: ParallelLayout) -> tuple[tuple[str, float], ...]:
-    """(part, bytes) of the trainer's state that stays on each device while a colocated engine runs."""
-    state = memory.trainer_state_bytes(spec, layout)
-    return tuple((f"trainer {part}", state[part]) for part in layout.resident if state[part] > 0)

@@ -7,7 +7,7 @@ import dataclasses
 from rpeg.errors import RpegError
 from rpeg.graph import Graph, Kind, Stage
 from rpeg.hardware.topology import Cluster
-from rpeg.perf import memory, offload
+from rpeg.perf import memory
 from rpeg.perf.calls import with_serial_calls
 from rpeg.perf.compute import BF16
 from rpeg.perf.cost import StageCost
@@ -71,32 +71,15 @@ def stage_cost(graph: Graph, stage: Stage, cluster: Cluster) -> StageCost:
                            response=graph.job.response, partial=graph.partial_rollout,
                            in_flight=graph.in_flight)
         colocated = _shares_with_training(graph, stage)
+        # the engine alone; what the trainers keep beside it is summed per device (rpeg/perf/residency.py)
         cost = generation_cost(stage.name, spec, stage.layout, cluster, work, colocated=colocated)
         if graph.call_sequences:  # the engine reached in serial calls of a few sequences (passes/calls.py)
             cost = with_serial_calls(cost, spec, stage.layout, cluster, work, graph.call_sequences, colocated)
-        return _with_resident_state(graph, stage, cost) if colocated else cost
+        return cost
     cost = pass_cost(stage.name, spec, stage.layout, cluster, _pass_workload(graph, stage, train=stage.kind is Kind.TRAIN))
     if graph.reference_on_host and stage.model == "ref" and stage.kind is Kind.INFER:
         cost = _with_reference_swap(graph, stage, cost, cluster)
     return cost
-
-
-def _with_resident_state(graph: Graph, stage: Stage, cost: StageCost) -> StageCost:
-    """A colocated engine runs beside what the trainers on its devices keep resident
-    (ParallelLayout.resident; rpeg/perf/offload.py): those bytes join the engine's peak, on top of
-    the share of the device vLLM takes for itself (gpu_memory_utilization)."""
-    mine = graph.group(stage.group)
-    parts: tuple[tuple[str, float], ...] = ()
-    for s in graph.stages:
-        if s.kind is Kind.TRAIN and s.layout is not None and s.layout.resident and s.group \
-                and graph.group(s.group).overlaps(mine):
-            parts += tuple((f"{name} ({s.name})", b) for name, b in offload.resident_parts(
-                graph.model(s.model).spec, s.layout))
-    if not parts:
-        return cost
-    extra = sum(b for _, b in parts)
-    return dataclasses.replace(cost, peak_memory_bytes=cost.peak_memory_bytes + extra,
-                               memory_parts=cost.memory_parts + parts)
 
 
 def _with_reference_swap(graph: Graph, stage: Stage, cost: StageCost, cluster: Cluster) -> StageCost:

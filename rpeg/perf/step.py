@@ -23,6 +23,7 @@ from rpeg.errors import RpegError
 from rpeg.graph import Graph, Kind
 from rpeg.hardware.topology import Cluster
 from rpeg.perf.cost import StageCost
+from rpeg.perf.residency import DeviceMemory, device_memory
 from rpeg.perf.stages import stage_cost
 from rpeg.perf.weightsync import context_switch_cost
 
@@ -40,14 +41,24 @@ class StepPrediction:
     tokens: float  # prompt + response tokens per step
     gpus: int
     notes: tuple[str, ...] = field(default=())
+    # what each set of devices holds at its peak, every model on it summed (rpeg/perf/residency.py)
+    memory: tuple[DeviceMemory, ...] = field(default=())
 
     @property
     def fits(self) -> bool:
-        return all(c.fits for c in self.stages.values())
+        """Every stage fits alone and every set of devices fits with its co-resident models summed."""
+        return all(c.fits for c in self.stages.values()) and all(m.fits for m in self.memory)
 
     @property
-    def oom(self) -> list[StageCost]:
-        return [c for c in self.stages.values() if not c.fits]
+    def oom(self) -> list[DeviceMemory]:
+        """The sets of devices that overflow, each naming its groups, the stage at its peak and every
+        model's lines (a stage that overflows alone overflows its devices too)."""
+        return [m for m in self.memory if not m.fits]
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        """The most any device holds at any time of the step (the per-device sums)."""
+        return max((m.peak_bytes for m in self.memory), default=0.0)
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
@@ -74,7 +85,8 @@ def predict_step(graph: Graph, cluster: Cluster) -> StepPrediction:
             costs = {s.name: stage_cost(graph, s, _sharing_at(cluster, _busy_beside(graph, s, pred)))
                      for s in graph.stages}
             pred = _step(graph, costs, switch, gpus)
-    return pred
+    held = device_memory(graph, pred.stages, sleeping_engine=switch[0] if switch else None)
+    return dataclasses.replace(pred, memory=held)
 
 
 def _step(graph: Graph, costs: dict[str, StageCost], switch, gpus: int) -> StepPrediction:

@@ -410,7 +410,7 @@ def predict_rl(entry: dict, models: dict[str, ModelSpec], where: str) -> Result:
     _check_keys(measured, MEASURED_KEYS, f"{where}.measured")
     step = _value(measured, "step_s", f"{where}.measured", float)
     parts = tuple((name, c.seconds) for name, c in pred.stages.items() if c.seconds > 0)
-    note = "" if pred.fits else "OOM: " + ", ".join(c.stage for c in pred.oom)
+    note = "" if pred.fits else "OOM: " + "; ".join(m.describe() for m in pred.oom)
     stages = ()
     if "stages_s" in measured:
         given = _stages_s(measured["stages_s"], f"{where}.measured.stages_s")

@@ -1,5 +1,7 @@
 """A simple, explainable default plan: everything colocated, the smallest tensor parallelism that
-fits each model in memory, data parallelism over the rest.
+fits each model in memory, data parallelism over the rest; then, where the colocated models summed
+overflow the devices (rpeg/perf/residency.py), the planner's trades of speed for memory (ZeRO-3,
+offload, more model parallelism: search/memfit.py), each written as a `parallelize` call.
 
 This is what `rpeg predict` uses when a job file places nothing; the planner searches far more
 (placement splits, asynchrony, pipeline and expert parallelism) and should beat it.
@@ -7,12 +9,16 @@ This is what `rpeg predict` uses when a job file places nothing; the planner sea
 
 from __future__ import annotations
 
+import dataclasses
+
 from rpeg.errors import DoesNotFit
 from rpeg.graph import Graph, Kind, Stage
 from rpeg.graph.layout import ParallelLayout
 from rpeg.hardware.topology import Cluster
 from rpeg.passes import colocate, parallelize
 from rpeg.perf import memory
+from rpeg.search.layouts import LayoutCache, LayoutOptions
+from rpeg.search.memfit import fit_together
 
 
 def _divisors(n: int) -> list[int]:
@@ -55,4 +61,9 @@ def default_plan(graph: Graph, cluster: Cluster, gpus: int) -> Graph:
                             "use more GPUs or a larger device")
         g = parallelize(g, s.name, dp=chosen.dp, tp=chosen.tp, pp=chosen.pp, zero=chosen.zero,
                         recompute=chosen.recompute, sequence_parallel=chosen.sequence_parallel)
+    sized = cluster.with_gpus(gpus) if not cluster.gpus or cluster.gpus < gpus else cluster
+    fitted = fit_together(g, sized, LayoutOptions(offload=True), LayoutCache())
+    for s in fitted.stages if fitted is not None else ():  # None: nothing fits together; predict says why
+        if s.layout != g.stage(s.name).layout:
+            g = parallelize(g, s.name, **{f.name: getattr(s.layout, f.name) for f in dataclasses.fields(s.layout)})
     return g

@@ -50,6 +50,8 @@ class LayoutCache:
 
     best: dict[tuple, tuple[ParallelLayout, StageCost] | None] = field(default_factory=dict)
     shapes: dict[tuple, list[tuple[ParallelLayout, StageCost]]] = field(default_factory=dict)  # each shape that fits
+    # every layout that fits alone and is on the time / memory front (memfit.py), when a plan needs them
+    frugal: dict[tuple, list[tuple[ParallelLayout, StageCost]]] = field(default_factory=dict)
     evaluated: int = 0
 
 

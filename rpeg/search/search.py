@@ -24,6 +24,7 @@ from rpeg.perf.flops import expected_forward_flops, expected_generation_flops, e
 from rpeg.perf.stages import stage_cost
 from rpeg.perf.step import StepPrediction, _context_switch, predict_step
 from rpeg.search.layouts import LayoutCache, LayoutOptions, alternatives, apply_layouts
+from rpeg.search.memfit import fit_together
 from rpeg.search.space import (Placement, SpaceOptions, Structure, apply_execution, apply_structure, placements,
                                structures)
 
@@ -178,6 +179,17 @@ def search(graph: Graph, cluster: Cluster, gpus: int, *, objective: str = "time"
                 if g is None:
                     continue
                 pred = predict_step(g, sized)
+                if pred.oom and all(c.fits for c in pred.stages.values()):
+                    # the models sharing devices, summed, overflow them: trade speed for memory (memfit.py),
+                    # unless even the stages at their fastest alone, less every sync and switch (all the
+                    # trade for the sync below can win back), cannot beat the best plan found
+                    if found and (pred.step_s - _sync_and_switch_s(g, sized)) * scale >= found[0][0]:
+                        result.pruned += 1
+                        continue
+                    g = fit_together(g, sized, options, cache)
+                    if g is None:
+                        continue
+                    pred = predict_step(g, sized)
                 if not pred.fits or not math.isfinite(pred.step_s):
                     continue
                 bar_s = found[0][0] / scale if found else math.inf  # the best plan's objective, in seconds here

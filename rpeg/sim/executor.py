@@ -28,6 +28,7 @@ from rpeg.errors import RpegError
 from rpeg.graph import Graph, Kind
 from rpeg.hardware.topology import Cluster
 from rpeg.perf.cost import StageCost
+from rpeg.perf.residency import device_memory
 from rpeg.perf.stages import stage_cost
 from rpeg.perf.step import SWITCH, _context_switch, fused_seconds, scheduled_distance
 from rpeg.sim.core import Simulator
@@ -60,6 +61,11 @@ class _Plan:
         if bad:
             raise RpegError(f"the plan does not fit in memory: stage {bad[0]!r} (see `rpeg predict`)")
         switch = _context_switch(graph, cluster)
+        # what each set of devices holds, its co-resident models summed (the same account as predict_step)
+        self.memory = device_memory(graph, self.costs, sleeping_engine=switch[0] if switch else None)
+        over = [m for m in self.memory if not m.fits]
+        if over:
+            raise RpegError(f"the plan does not fit in memory: {over[0].describe()} (see `rpeg predict`)")
         self.switch_s = switch[1].seconds if switch else 0.0
         self.unit_of = {s.name: s.name for s in graph.stages}
         for grp in graph.fusion:
@@ -273,7 +279,9 @@ def _timeline(graph: Graph, plan: _Plan, records: tuple[Record, ...], steps: int
             busy += overlap * shared
             if r.seconds > 0:
                 flops += r.flops * overlap / r.seconds * shared / r.devices[1]
-        mem = max((plan.costs[s.name].peak_memory_bytes for s in graph.stages if s.group == grp.name), default=0.0)
+        # the fullest of its devices, every model there summed (rpeg/perf/residency.py)
+        mem = max((m.peak_bytes for m in plan.memory
+                   if grp.first < m.first + m.count and m.first < grp.first + grp.count), default=0.0)
         frac = min(1.0, busy / (span * grp.count))
         groups[grp.name] = GroupStats(devices=grp.count, busy_fraction=frac,
                                       mfu=flops / (span * grp.count * peak), bubble_s=(1 - frac) * step_s,

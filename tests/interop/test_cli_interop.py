@@ -44,7 +44,10 @@ def test_import_prints_both_plans_and_writes_three_files(capsys, tmp_path):
     assert data["plans"][1]["plan"] == "rpeg" and data["plans"][1]["speedup"] > 0
     assert data["mode"] == "sync" and len(data["unmapped"]) == 13
     exported = (tmp_path / "o" / "rpeg-plan-verl.sh").read_text()
-    assert exported.startswith("#!/usr/bin/env bash\n# written by rpeg export")
+    # RPEG's plan shards the reference (FSDP), which verl's Megatron backend (ZeRO-1 training) cannot:
+    # as verl's config it keeps whole reference weights beside the trainer and may say it does not fit
+    head = exported.splitlines()[:3]
+    assert head[0] == "#!/usr/bin/env bash" and any(x.startswith("# written by rpeg export") for x in head[1:])
     assert "# predicted by RPEG on 8 x h100-sxm (dgx-h100): this config" in exported
 
 
@@ -88,9 +91,9 @@ def test_bad_input_is_one_line(capsys, tmp_path, argv, message):
 
 def test_import_says_when_rpegs_plan_as_the_peers_config_does_not_fit(capsys, tmp_path):
     """Qwen2.5-32B on verl's 8 GPUs: verl's config as written does not fit; RPEG's plan fits by keeping
-    the optimizer on the host (Megatron-Core's optimizer_cpu_offload), which verl's config can say, so
-    the line states its time. (Before offload was a plan option it did not fit as verl's config, and the
-    line formatted None: a TypeError after the tables, issue 23.)"""
+    the optimizer on the host (FSDP2's offload_policy, or Megatron-Core's optimizer_cpu_offload), which
+    verl's config can say, so the line states its time. (Before offload was a plan option it did not fit
+    as verl's config, and the line formatted None: a TypeError after the tables, issue 23.)"""
     argv = ["import", DATA / "verl" / "run_qwen3-8b.sh", "--from", "verl", "--model", "qwen2.5-32B", "--steps", 1]
     rc, out, err = run(capsys, *argv, "--out", tmp_path / "o")
     assert rc == 0 and err == "", err
@@ -101,7 +104,8 @@ def test_import_says_when_rpegs_plan_as_the_peers_config_does_not_fit(capsys, tm
                         line), line
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["rpeg-plan-verl.sh", "rpeg-plan.yaml",
                                                                   "verl-job.yaml"]
-    assert "optimizer_cpu_offload=True" in (tmp_path / "o" / "rpeg-plan-verl.sh").read_text()
+    written = (tmp_path / "o" / "rpeg-plan-verl.sh").read_text()  # the optimizer on the host, as verl says it
+    assert "optimizer_cpu_offload=True" in written or "fsdp_config.offload_policy=True" in written
 
 
 def test_export_of_a_plan_that_does_not_fit_says_so_first(capsys, tmp_path):

@@ -14,8 +14,9 @@ from rpeg.graph import get_model
 from rpeg.hardware import load_cluster
 from rpeg.interop import openrlhf, verl
 from rpeg.interop.common import job_data
-from rpeg.perf import memory, offload
+from rpeg.perf import memory, offload, residency
 from rpeg.perf.efficiency import HOST_LINK_BYTES_PER_S, HOST_OPTIMIZER_BYTES_PER_S, OPTIMIZER_BYTES_PER_PARAM
+from rpeg.perf.residency import device_memory
 from rpeg.perf.step import SWITCH, predict_step
 from rpeg.perf.weightsync import context_switch_cost
 from rpeg.search.search import search
@@ -107,13 +108,24 @@ def test_verl_megatron_offload_keys_change_the_engines_memory_and_the_switch():
     assert moved.layout("actor_update").resident == ()
     pk, pm = _predict(kept), _predict(moved)
     state = memory.trainer_state_bytes(SPEC, kept.layout("actor_update"))
-    gen_k, gen_m = pk.stages["generate"], pm.stages["generate"]
-    assert gen_k.peak_memory_bytes - gen_m.peak_memory_bytes == pytest.approx(sum(state.values()))
+    # while the engine generates, the kept state stays beside it (rpeg/perf/residency.py), the moved state is out
+    gen_k, gen_m = (_held_while(view, "generate") for view in (kept, moved))
+    assert gen_k.peak_bytes - gen_m.peak_bytes == pytest.approx(sum(state.values()))
+    assert {h.what for h in gen_m.moved} == {"trainer weights", "trainer gradients", "trainer optimizer"}
+    assert not gen_k.moved
     assert pk.stages[SWITCH].part("offload trainer state") == 0 < pm.stages[SWITCH].part("offload trainer state")
     assert pk.step_s < pm.step_s
     # written back: verl's config says the same
     again = verl.read(verl.write(moved).text, "again.sh").view
     assert again.layout("actor_update") == moved.layout("actor_update")
+
+
+def _held_while(view, stage: str):
+    """The account of the devices `stage` runs on, while it runs."""
+    graph = spec_from_data(job_data(view), "test").graph()
+    pred = predict_step(graph, load_cluster(view.cluster or "dgx-h100"))
+    (held,) = device_memory(graph, pred.stages, sleeping_engine=residency.sleeping_engine(graph), while_running=stage)
+    return held
 
 
 def test_verl_fsdp2_offload_policy_is_offload_params():

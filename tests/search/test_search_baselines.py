@@ -32,6 +32,11 @@ FSDP_LIKE = {"verl", "verl-one-step-off", "verl-fully-async", "openrlhf", "openr
 MODULES = ("verl", "real", "openrlhf", "areal", "nemo_rl", "deepspeed_chat")
 
 LLAMA = get_model("llama-3.1-8B")
+# plans whose models, summed on the devices they share (rpeg/perf/residency.py), exceed them: on one
+# node AReaL's two training GPUs would hold two trained 8B models' FSDP state and two frozen 8B models
+# (~170 GB per GPU; for GRPO the actor's state and the reference, ~99 GB), and ReaL's ZeRO-1 meshes keep
+# the critic's state beside the engine (~135 GB)
+DOES_NOT_FIT = {("ppo", 8): {"real", "areal"}, ("grpo", 8): {"areal"}}
 JOBS = {
     "ppo": build_graph("ppo", Job(), Models(actor=LLAMA, critic=LLAMA, reference=LLAMA, reward=LLAMA)),
     "grpo": build_graph("grpo", Job(), Models(actor=get_model("qwen3-8B"))),
@@ -79,6 +84,9 @@ def test_module_docstrings_cite_sources_and_say_what_is_left_out(module):
 @pytest.mark.parametrize("gpus", (64, 8))
 def test_async_bound_and_colocation_as_documented(plans, job, gpus):
     for name, plan in plans[(job, gpus)].items():
+        if name in DOES_NOT_FIT.get((job, gpus), ()):
+            assert plan is None, name
+            continue
         assert plan is not None, name
         assert plan.async_bound == K[name], name
         assert all(s.lag == K[name] for s in plan.stages if s.kind is Kind.GENERATE), name
@@ -108,16 +116,13 @@ def test_group_sizes_ppo_on_64_gpus(plans):
 def test_group_sizes_on_one_node(plans):
     ppo, grpo = plans[("ppo", 8)], plans[("grpo", 8)]
     assert (sizes(ppo["verl-one-step-off"])["generate"], sizes(ppo["verl-one-step-off"])["actor_update"]) == (2, 6)
-    assert (sizes(ppo["areal"])["generate"], sizes(ppo["areal"])["actor_update"]) == (6, 2)
+    assert split(8, 8, (3, 1)) == (6, 2)  # AReaL's generation share on one node (its plans there: DOES_NOT_FIT)
     nemo = sizes(ppo["nemo-rl-one-step-off"])
     assert (nemo["generate"], nemo["actor_update"]) == (4, 4)
     s = sizes(ppo["openrlhf"])
     assert (s["generate"], s["actor_update"], s["critic_update"], s["ref_logprobs"], s["reward"]) == (2, 2, 2, 1, 1)
     s = sizes(grpo["openrlhf"])
     assert (s["generate"], s["actor_update"], s["ref_logprobs"]) == (4, 3, 1)
-    s = sizes(ppo["real"])
-    assert [s[n] for n in ("generate", "actor_logprobs", "ref_logprobs", "reward", "critic_values")] == [8, 2, 2, 2, 2]
-    assert (s["actor_update"], s["critic_update"]) == (4, 4)
     s = sizes(grpo["real"])
     assert (s["actor_logprobs"], s["ref_logprobs"], s["actor_update"]) == (4, 4, 8)
 
@@ -136,6 +141,8 @@ def test_disaggregated_groups_do_not_overlap_and_real_calls_run_on_disjoint_mesh
         assert len(groups) == 5
         assert not any(a.overlaps(b) for i, a in enumerate(groups) for b in groups[i + 1:]), name
     real = plans[("ppo", gpus)]["real"]
+    if real is None:  # DOES_NOT_FIT on one node
+        return
     infer = ["actor_logprobs", "ref_logprobs", "reward", "critic_values"]
     assert not any(overlaps(real, a, b) for i, a in enumerate(infer) for b in infer[i + 1:])
     assert not overlaps(real, "actor_update", "critic_update")
@@ -150,7 +157,7 @@ def test_disaggregated_groups_do_not_overlap_and_real_calls_run_on_disjoint_mesh
 @pytest.mark.parametrize("gpus", (64, 8))
 def test_layouts_obey_each_systems_restrictions(plans, job, gpus):
     for name, plan in plans[(job, gpus)].items():
-        for s in plan.stages:
+        for s in plan.stages if plan is not None else ():
             if s.model is None or s.kind is Kind.SYNC:
                 assert s.layout is None
                 continue
@@ -158,9 +165,9 @@ def test_layouts_obey_each_systems_restrictions(plans, job, gpus):
             if s.kind is Kind.GENERATE:
                 assert lay.tp <= 8 and lay.cp == 1, (name, s.name)
                 assert lay.pp == 1 or name == "real", (name, s.name)
-            elif name in FSDP_LIKE:
+            elif name in FSDP_LIKE:  # a forward pass may be FSDP-sharded too (verl wraps its reference in FSDP)
                 assert (lay.tp, lay.pp) == (1, 1), (name, s.name)
-                assert lay.zero == (3 if s.kind is Kind.TRAIN else 0), (name, s.name)
+                assert lay.zero in ((3,) if s.kind is Kind.TRAIN else (0, 3)), (name, s.name)
             elif s.kind is Kind.TRAIN:  # nemo-rl, nemo-rl-one-step-off, real: Megatron-style ZeRO-1
                 assert lay.zero == 1, (name, s.name)
             if name in ("real", "deepspeed-chat"):
@@ -170,6 +177,8 @@ def test_layouts_obey_each_systems_restrictions(plans, job, gpus):
 def test_only_areal_streams(plans):
     for (job, gpus), ps in plans.items():
         for name, plan in ps.items():
+            if plan is None:
+                continue
             if name != "areal":
                 assert plan.streams == () and all(s.microbatches == 1 for s in plan.stages), name
                 continue
@@ -183,6 +192,9 @@ def test_only_areal_streams(plans):
 def test_every_plan_verifies_costs_and_simulates(plans, dgx):
     for (job, gpus), ps in plans.items():
         for name, plan in ps.items():
+            if plan is None:
+                assert name in DOES_NOT_FIT.get((job, gpus), ()), (job, gpus, name)
+                continue
             assert verify(plan) is plan
             pred = predict_step(plan, dgx)
             assert pred.fits and math.isfinite(pred.step_s) and pred.step_s > 0, (job, gpus, name)

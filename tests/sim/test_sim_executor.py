@@ -21,6 +21,7 @@ from rpeg.perf.step import SWITCH, predict_step
 from rpeg.perf.validation import bundled
 from rpeg.search.default import default_plan
 from rpeg.search.layouts import LayoutCache, LayoutOptions, apply_layouts
+from rpeg.search.memfit import fit_together
 from rpeg.sim import simulate
 
 SMALL = get_model("qwen3-0.6B")
@@ -70,7 +71,8 @@ def ppo_llama(dgx, k, where):
         g = colocate(g, 8)
     else:  # generation on half the node, everything else on the other half
         g = place(g, {"gen": 4, "train": 4}, assign={"generate": "gen"}, default="train")
-    return apply_layouts(bound_asynchrony(g, k), dgx.with_gpus(8), LayoutOptions(), LayoutCache())
+    cluster, opts, cache = dgx.with_gpus(8), LayoutOptions(), LayoutCache()
+    return fit_together(apply_layouts(bound_asynchrony(g, k), cluster, opts, cache), cluster, opts, cache)
 
 
 PLANS = {

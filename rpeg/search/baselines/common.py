@@ -17,6 +17,7 @@ from rpeg.graph import Graph, Kind, verify
 from rpeg.hardware.topology import Cluster
 from rpeg.passes import colocate, place
 from rpeg.search.layouts import LayoutCache, LayoutOptions, apply_layouts
+from rpeg.search.memfit import fit_together
 
 
 def check_input(graph: Graph, cluster: Cluster, gpus: int, name: str) -> None:
@@ -87,6 +88,9 @@ def split_generation(graph: Graph, cluster: Cluster, gpus: int, share: float, gr
 
 
 def finish(graph: Graph, cluster: Cluster, options: LayoutOptions, cache: LayoutCache, name: str) -> Graph | None:
-    """Every model stage at its fastest layout the system supports, verified; None if one fits nowhere."""
+    """Every model stage at its fastest layout the system supports, with the models that share devices
+    fitting together (search/memfit.py), verified; None if they cannot."""
     planned = apply_layouts(graph, cluster, options, cache)
+    if planned is not None:
+        planned = fit_together(planned, cluster, options, cache)
     return None if planned is None else verify(planned, f"baseline {name}")

@@ -1,0 +1,61 @@
+"""fit_together (rpeg/search/memfit.py): layouts traded for memory until the models sharing devices
+fit summed; unchanged when they already do; None when no layout makes them."""
+
+from rpeg.algorithms import Models, build_graph
+from rpeg.graph import Job, get_model
+from rpeg.graph import LengthDistribution as Dist
+from rpeg.hardware import load_cluster
+from rpeg.passes import bound_asynchrony, place
+from rpeg.perf.step import predict_step
+from rpeg.search.layouts import LayoutCache, LayoutOptions, apply_layouts
+from rpeg.search.memfit import fit_together, frugal_layouts
+
+H100 = load_cluster("dgx-h100", 8)
+JOB = Job(prompts=64, samples_per_prompt=8, prompt_len=512, response=Dist.fixed(1024))
+
+
+def ppo(model: str, gen: int = 2):
+    spec = get_model(model)
+    g = build_graph("ppo", JOB, Models(actor=spec, critic=spec, reference=spec, reward=spec))
+    g = place(bound_asynchrony(g, 1), {"generation": gen, "training": 8 - gen}, assign={"generate": "generation"},
+              default="training")
+    return g
+
+
+def test_models_that_fit_together_keep_their_fastest_layouts():
+    opts, cache = LayoutOptions(offload=True), LayoutCache()
+    g = apply_layouts(ppo("qwen3-0.6B"), H100, opts, cache)
+    assert predict_step(g, H100).fits
+    assert fit_together(g, H100, opts, cache) == g
+
+
+def test_four_8b_models_on_six_gpus_are_traded_into_memory():
+    opts, cache = LayoutOptions(offload=True), LayoutCache()
+    fastest = apply_layouts(ppo("llama-3.1-8B"), H100, opts, cache)
+    before = predict_step(fastest, H100)
+    assert all(c.fits for c in before.stages.values()) and not before.fits
+    fitted = fit_together(fastest, H100, opts, cache)
+    after = predict_step(fitted, H100)
+    assert after.fits and all(m.peak_bytes <= H100.device.hbm_capacity_bytes for m in after.memory)
+    changed = [s.name for s in fitted.stages if s.layout != fastest.stage(s.name).layout]
+    assert changed and "generate" not in changed
+    for name in changed:  # each change is a layout on the stage's time / memory front, slower than the fastest
+        stage = fitted.stage(name)
+        front = dict(frugal_layouts(fitted, stage, H100, opts, cache))
+        assert stage.layout in front
+        assert front[stage.layout].seconds >= before.stages[name].seconds - 1e-12
+    # trading memory costs time, never saves it
+    assert after.step_s >= before.step_s - 1e-9
+
+
+def test_an_engine_that_never_sleeps_leaves_no_room_for_a_frozen_model():
+    """The reference placed on the generation GPUs, where no trainer is: the engine never sleeps and
+    keeps 0.9 of each device (vLLM's default), and no layout of the 8B reference fits in the rest (its
+    weights at least 16 GB / 2 beside 77 GB of engine on 85.5)."""
+    opts, cache = LayoutOptions(offload=True), LayoutCache()
+    g = build_graph("grpo", JOB, Models(actor=get_model("llama-3.1-8B")))
+    g = place(bound_asynchrony(g, 1), {"generation": 2, "training": 6},
+              assign={"generate": "generation", "ref_logprobs": "generation"}, default="training")
+    fastest = apply_layouts(g, H100, opts, cache)
+    assert fastest is not None and all(c.fits for c in predict_step(fastest, H100).stages.values())
+    assert fit_together(fastest, H100, opts, cache) is None
