@@ -5,7 +5,10 @@ product dp*tp*pp*cp equals the devices of the stage's group; tp divides the atte
 (and divides or is a multiple of the kv heads); pp divides the layers; ep divides the experts
 and dp*cp*tp; ZeRO, recomputation and offload (offload_optimizer, offload_params, resident, pageable:
 see ParallelLayout) apply to training only; an MoE stage's dispatcher, ep_overlap, cuda_graphs,
-routing and capacity_factor say how its experts run (ParallelLayout; rpeg/perf/moe.py prices them).
+routing and capacity_factor say how its experts run (ParallelLayout; rpeg/perf/moe.py prices them);
+the Megatron-Core recipe options (recompute_modules, recompute_layers, offload_activation_layers,
+grad_dtype, optimizer_moments, pp_embedding_loss_slots) are ParallelLayout's too
+(rpeg/perf/recipe_options.py), so every layout field can be passed back through this pass.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                 resident: list[str] | tuple[str, ...] = (),
                 pageable: list[str] | tuple[str, ...] = (), dispatcher: str = "alltoall",
                 ep_overlap: bool = False, cuda_graphs: str = "none", routing: str = "balanced",
-                capacity_factor: float = 0.0) -> Graph:
+                capacity_factor: float = 0.0, grad_dtype: str = "fp32",
+                recompute_modules: list[str] | tuple[str, ...] = (), recompute_layers: int = 0,
+                offload_activation_layers: int = 0, optimizer_moments: str = "fp32",
+                pp_embedding_loss_slots: bool = False) -> Graph:
     call = call_text("parallelize", stage=stage, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero,
                      recompute=recompute)
     if stage not in graph.stage_names:
@@ -35,6 +41,9 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
               if not isinstance(v, bool)]
     for name, value in (("recompute", recompute), ("dispatcher", dispatcher), ("cuda_graphs", cuda_graphs),
                         ("routing", routing)):
+        if not isinstance(value, str):
+            wrong.append(f"{name} = {value!r}")
+    for name, value in (("grad_dtype", grad_dtype), ("optimizer_moments", optimizer_moments)):
         if not isinstance(value, str):
             wrong.append(f"{name} = {value!r}")
     if not isinstance(offload_params, bool):
@@ -54,7 +63,10 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                                 pp_uneven=pp_uneven, packing=packing, offload_optimizer=offload_optimizer,
                                 offload_params=offload_params, resident=tuple(resident),
                                 pageable=tuple(pageable), dispatcher=dispatcher, ep_overlap=ep_overlap,
-                                cuda_graphs=cuda_graphs, routing=routing, capacity_factor=capacity_factor)
+                                cuda_graphs=cuda_graphs, routing=routing, capacity_factor=capacity_factor,
+                                grad_dtype=grad_dtype, recompute_modules=tuple(recompute_modules),
+                                recompute_layers=recompute_layers, offload_activation_layers=offload_activation_layers,
+                                optimizer_moments=optimizer_moments, pp_embedding_loss_slots=pp_embedding_loss_slots)
     except RpegError as e:
         raise refuse(call, str(e)) from None
     new = graph.stage(stage).replace(layout=layout)

@@ -343,3 +343,19 @@ def test_pipeline_errors_at_apply():
         PassPipeline.from_data(["share_actor_critic"]).apply(build("grpo"))
     with pytest.raises(RpegError, match="unknown pass 'nope'"):
         PassCall("nope")
+
+
+def test_every_layout_field_passes_back_through_parallelize():
+    """The planner hands a stage's layout back to the pass field by field (search/default.py after
+    memfit trades layouts): every ParallelLayout field is a parallelize argument, the Megatron-Core
+    recipe options included, and the layout comes out equal."""
+    import dataclasses
+
+    from rpeg.algorithms import Models, build_graph
+    from rpeg.graph import Job, ParallelLayout, get_model
+    from rpeg.passes import colocate, parallelize
+    g = colocate(build_graph("grpo", Job(), Models(actor=get_model("qwen3-0.6B"))), 8)
+    lay = ParallelLayout(dp=4, pp=2, recompute="selective", recompute_modules=("core_attn", "mlp"),
+                         grad_dtype="bf16", optimizer_moments="bf16", pp_embedding_loss_slots=True)
+    out = parallelize(g, "actor_update", **{f.name: getattr(lay, f.name) for f in dataclasses.fields(lay)})
+    assert out.stage("actor_update").layout == lay
