@@ -6,6 +6,7 @@ import argparse
 import os
 
 from rpeg.cli.common import CLUSTER, count, header, job_options, job_spec, name, print_json, real
+from rpeg.errors import DoesNotFit
 from rpeg.graph.bounds import MAX_GPUS
 from rpeg.report import table
 
@@ -72,7 +73,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
                         "parts": {k: v for k, v in c.parts if v < float("inf")},
                         "peak_memory_gb": c.peak_memory_bytes / 1e9, "fits": c.fits} for n, w, lay, c in rows],
             "memory": [_memory_json(m) for m in pred.memory]})
-        return 0 if pred.fits else 3
+        if not pred.fits:
+            raise DoesNotFit(f"the plan does not fit in memory on {len(pred.oom)} device group(s): \"memory\" in the "
+                             "JSON above names the models that overflow")
+        return 0
     print(header(graph, spec))
     print(f"cluster: {cluster.name}, {gpus} x {cluster.device.name}; layout from {planned_by}")
     total = sum(c.seconds for *_, c in rows if c.fits) or 1.0
@@ -98,7 +102,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         for m in pred.oom:
             print(f"OUT OF MEMORY: {m.describe()}; try ZeRO-3, offload, full recomputation, more tensor or "
                   "pipeline parallelism, other devices for some models, or more GPUs")
-        return 3
+        # the exit code of a plan that does not fit, with its one line on stderr as every refusal has
+        raise DoesNotFit(f"the plan does not fit in memory on {len(pred.oom)} device group(s): "
+                         "the OUT OF MEMORY line above names the models that overflow")
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from rpeg.cli.common import CLUSTER, FOLDER, MAX_STALENESS, MAX_STEPS, count, job_options, job_spec, print_json
-from rpeg.errors import RpegError
+from rpeg.errors import DoesNotFit, RpegError
 from rpeg.graph.bounds import MAX_GPUS
 from rpeg.outfolder import OutputFolder
 from rpeg.report import table
@@ -69,7 +69,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(f"nearest feasible: {what}: {res.best.name}, step {res.best.step_s:.1f} s")
         else:
             print("nothing nearby fits either: a larger device or a smaller model")
-        return 3
+        raise DoesNotFit(f"no feasible plan on {gpus} GPUs (see NO FEASIBLE PLAN above)") from None
     best = result.best
     rows, timelines = [], {}
     tl = simulate(best.graph, cluster, args.steps)
