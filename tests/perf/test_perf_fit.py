@@ -109,3 +109,11 @@ def test_the_shipped_fit_is_current():
     assert names and all(n in stored and stored[n]["loo_mape"] >= 0 for n in names)
     rows = loo_report()
     assert rows and not [r.id for r in rows if r.stale]
+
+
+def test_the_fitted_values_are_package_data():
+    """The model reads rpeg/data/fitted.yaml at run time: a pip-installed rpeg must have it."""
+    import pathlib
+
+    text = (pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml").read_text(encoding="utf-8")
+    assert '"data/fitted.yaml"' in text
