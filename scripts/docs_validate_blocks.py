@@ -53,6 +53,23 @@ def _moe_ids(path: str, kind: str = "rl") -> set[str]:
     return {e["id"] for e in data.get(kind) or [] if _model(e["model"], models).experts}
 
 
+def _fitted() -> str:
+    """The fitted weight-sync constants' in-sample and leave-one-out errors (rpeg/data/fitted.yaml)."""
+    import yaml
+
+    from rpeg.perf.fitted import FITTED_PATH
+
+    groups = (yaml.safe_load(FITTED_PATH.read_text()) or {}).get("groups") or {}
+    rows = [r for g in groups.values() for r in g["rows"].values()]
+    if not rows:
+        return ""
+    ins = sum(abs(r["in_sample"] / r["measured"] - 1) for r in rows) / len(rows)
+    loo = sum(abs(r["loo"] / r["measured"] - 1) for r in rows) / len(rows)
+    return (f" (the weight-sync constants fitted on these and the v0.3 refit stages by `scripts/fit_factors.py`, "
+            f"over the {len(rows)} rows of their {len(groups)} groups: in-sample {_pct(ins)}, leave-one-out "
+            f"{_pct(loo)}; `rpeg validate --all --loo`)")
+
+
 def summary() -> str:
     """The README's paragraph on the validation, every figure computed from the shipped files."""
     from rpeg.perf.validation import bundled, stage_mapes, validate_file
@@ -95,7 +112,7 @@ def summary() -> str:
         f"logprobs {_pct(st['logprobs'])}, training {_pct(st['training'])}, refit {_pct(st['refit'])}). On the "
         f"{len(v06_err['rl'])} NeMo-RL v0.6 steps (`rpeg validate nemo-rl-v0.6`) the step error is "
         f"{_pct(sum(v06_err['rl']) / len(v06_err['rl']))}, and on that file's {len(v06_err['refit'])} published "
-        f"weight syncs (NeMo-RL and verl) {_pct(sum(v06_err['refit']) / len(v06_err['refit']))}. Of the "
+        f"weight syncs (NeMo-RL and verl) {_pct(sum(v06_err['refit']) / len(v06_err['refit']))}{_fitted()}. Of the "
         f"{len(ratios)} published comparisons between systems (`rpeg validate peer-ratios`: HybridFlow, ReaL, "
         f"verl fully_async), {len(within(ratios))} are predicted within 0.75-1.33x of the published ratio. "
         f"On the {len(bridge)} Megatron-Core training iterations NVIDIA published for Megatron-Bridge and "

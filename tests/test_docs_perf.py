@@ -39,3 +39,13 @@ def test_the_readme_summary_of_the_validation_is_current():
     assert found, "README has no validate-summary block"
     assert found.group(2) == docs_validate_blocks.summary(), \
         "run scripts/docs_validate_blocks.py docs/perf.md README.md"
+
+
+def test_every_fitted_constant_is_documented_with_its_value():
+    from rpeg.perf.fit import load_all
+    from rpeg.perf.fitted import fitted_file
+
+    text = DOC.read_text()
+    stored = fitted_file()
+    for name in load_all():
+        assert f"| `{name}` | {stored[name]['value']:.4g} |" in text, name

@@ -198,3 +198,15 @@ def test_nothing_in_the_repository_reads_outside_it():
             hits += [f"{path.relative_to(ROOT)}:{i}" for i, line in enumerate(text.splitlines(), 1) if needle in line]
     assert seen > 100
     assert not hits, hits
+
+
+def test_validate_loo_prints_the_stored_fit_beside_a_fresh_prediction(capsys):
+    """--loo: the fitted constants' rows of the file, in-sample and leave-one-out as the fit script
+    stored them, none stale; a file no constant is fitted on says so."""
+    assert main(["validate", "nemo-rl-v0.6", "--loo", "--json"]) == 0
+    fitted = json.loads(capsys.readouterr().out)["fitted"]
+    assert fitted["constants"] and fitted["rows"]
+    assert all(r["id"].startswith("nemo-rl-v0.6:") and not r["stale"] for r in fitted["rows"])
+    assert any(r["loo"] != r["in_sample"] for r in fitted["rows"])
+    assert main(["validate", "published", "--loo"]) == 0
+    assert "no fitted constant is fitted on rows of this file" in capsys.readouterr().out

@@ -6,7 +6,7 @@
     rpeg show ALGO --model NAME [options]   stages, fields, bytes per step; writes DOT and PNG
     rpeg analyze ALGO --model NAME [...]    work-depth table and what async bounds do to depth
     rpeg predict JOB.yaml [--cluster C --gpus N]   per-stage time, memory per GPU, OOM verdict
-    rpeg validate FILE.yaml [--json]        the performance model against published measurements
+    rpeg validate FILE.yaml [--json --loo]  the performance model against published measurements
     rpeg plan JOB.yaml --cluster C --gpus N  the best plan beside verl's, ReaL's, ... (trace, Gantt)
     rpeg train JOB.yaml [--resume]          train for real on Ray + PyTorch (the job's runtime section)
     rpeg model convert GGUF --out DIR       a GGUF file (or smollm2) as a Hugging Face folder for the runtime

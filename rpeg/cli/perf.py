@@ -26,6 +26,9 @@ def add_parsers(sub) -> None:
                                             + ", ".join(bundled()) + " (rpeg/data/validation, sources in SOURCES.md)")
     va.add_argument("--all", action="store_true", help="every validation file RPEG ships, one after another")
     va.add_argument("--json", action="store_true", help="print JSON")
+    va.add_argument("--loo", action="store_true",
+                    help="also the fitted constants' rows (rpeg/data/fitted.yaml): in-sample and leave-one-out "
+                         "predictions as scripts/fit_factors.py stored them, beside a fresh prediction")
     va.set_defaults(fn=cmd_validate)
     sub.add_parser("hardware", help="device and cluster presets").set_defaults(fn=cmd_hardware)
     ca = sub.add_parser("calibrate", help="measure this machine's matmul rate and memory bandwidth (cpu-local)")
@@ -142,9 +145,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raise RpegError("validate: name one file (a path, or one RPEG ships: " + ", ".join(bundled())
                         + ") or give --all, not " + ("both" if args.all else "neither"))
     if not args.all:
-        code, report = _validate(resolve(args.file), args.json)
+        path = resolve(args.file)
+        code, report = _validate(path, args.json)
+        stems = [s for s, p in bundled().items() if os.path.abspath(p) == os.path.abspath(path)]
+        loo = _loo(stems, args.json) if args.loo else None
         if args.json:
-            print_json(report)
+            print_json({**report, "fitted": loo} if args.loo else report)
         return code
     codes, reports = [], {}
     for i, (stem, path) in enumerate(bundled().items()):
@@ -152,9 +158,45 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(("\n" if i else "") + f"== {stem} ({path.name}) ==")
         code, reports[stem] = _validate(str(path), args.json)
         codes.append(code)
+    loo = _loo(None, args.json) if args.loo else None
     if args.json:
-        print_json({"files": reports})
+        print_json({"files": reports, **({"fitted": loo} if args.loo else {})})
     return max(codes)
+
+
+def _loo(stems, as_json: bool):
+    """The fitted constants' rows of these shipped files (None: all), in-sample and leave-one-out."""
+    from rpeg.perf.fit import loo_report
+    from rpeg.perf.fitted import FIT_COMMAND, fitted_file
+
+    rows = loo_report(stems)
+    values = {name: rec["value"] for name, rec in fitted_file().items()}
+    if as_json:
+        return {"constants": values, "rows": [{"group": r.group, "id": r.id, "measured": r.measured,
+                                               "in_sample": r.in_sample, "loo": r.loo, "now": r.now,
+                                               "stale": r.stale} for r in rows]}
+    if not rows:
+        print("\nno fitted constant is fitted on rows of this file")
+        return None
+    print("\nfitted constants (rpeg/data/fitted.yaml): " + ", ".join(f"{k} = {v:.4g}" for k, v in values.items()))
+    body = [[r.group, r.id, f"{r.measured:.2f}", f"{r.in_sample:.2f}", f"{100 * (r.in_sample / r.measured - 1):+.0f}%",
+             f"{r.loo:.2f}", f"{100 * (r.loo / r.measured - 1):+.0f}%", "STALE" if r.stale else ""] for r in rows]
+    print(table(["group", "row", "measured s", "in-sample s", "error", "leave-one-out s", "error", ""], body,
+                right=[2, 3, 4, 5, 6]))
+    by_group: dict[str, list] = {}
+    for r in rows:
+        by_group.setdefault(r.group, []).append(r)
+    print()
+    for g, rs in by_group.items():
+        ins = sum(abs(r.in_sample / r.measured - 1) for r in rs) / len(rs)
+        loo = sum(abs(r.loo / r.measured - 1) for r in rs) / len(rs)
+        print(f"mean absolute percentage error, {g}: in-sample {100 * ins:.1f}%, leave-one-out {100 * loo:.1f}% "
+              f"({len(rs)} rows)")
+    stale = [r.id for r in rows if r.stale]
+    if stale:
+        print(f"STALE: {len(stale)} row(s) predicted now differ from the stored in-sample prediction (the model "
+              f"changed since the fit, first {stale[0]}): rerun `{FIT_COMMAND}`")
+    return None
 
 
 def _validate(path: str, as_json: bool) -> tuple[int, dict | None]:

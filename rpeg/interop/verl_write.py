@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from rpeg.errors import RpegError
-from rpeg.graph import ParallelLayout
+from rpeg.graph import ParallelLayout, get_model
 from rpeg.interop.common import Exported, PlanView, colocate_all, config_tuple, defaults_of, hf_name, one_pass_each
 from rpeg.interop.verl_keys import CONFIG_NAMES, ENTRIES, ESTIMATORS, ROLLOUT_IS, SUFFIX, SYSTEM, _OFFLOAD_KEYS
 
@@ -47,14 +47,34 @@ def _offload_project(stage: str, lay: ParallelLayout, megatron: bool, lines: lis
     return want
 
 
-def _megatron_keys(M: str, lay: ParallelLayout) -> list[str]:
+def _megatron_keys(M: str, lay: ParallelLayout, layers: int) -> list[str]:
     """A trained model's Megatron layout as verl's keys under the prefix `M` (actor or critic)."""
     out = [f"{M}tensor_model_parallel_size={lay.tp}", f"{M}pipeline_model_parallel_size={lay.pp}",
            f"{M}context_parallel_size={lay.cp}", f"{M}expert_model_parallel_size={lay.ep}",
            f"{M}sequence_parallel={_fmt(lay.sequence_parallel)}", f"{M}use_distributed_optimizer={_fmt(lay.zero == 1)}"]
     if lay.pp_interleave > 1:
         out.append(f"{M}virtual_pipeline_model_parallel_size={lay.pp_interleave}")
+    if lay.pp_uneven and lay.pp > 1:
+        first, last = _uneven_split(layers, lay.pp)
+        out += [f"{M}override_transformer_config.num_layers_in_first_pipeline_stage={first}",
+                f"{M}override_transformer_config.num_layers_in_last_pipeline_stage={last}"]
     return out + _megatron_recompute(M, lay.recompute)
+
+
+def _uneven_split(layers: int, pp: int) -> tuple[int, int]:
+    """First and last stage layer counts (Megatron's num_layers_in_first/last_pipeline_stage) that leave
+    the middle stages an equal share, as even as the layers allow."""
+    if pp == 2:
+        return (layers + 1) // 2, layers // 2
+    best = None
+    for middle in range(max(1, layers // pp - 1), layers // pp + 2):
+        rest = layers - (pp - 2) * middle
+        first, last = (rest + 1) // 2, rest // 2
+        if last >= 1 and (best is None or max(first, middle) < max(best[0], best[2])):
+            best = (first, last, middle)
+    if best is None:
+        raise RpegError(f"pipeline of {pp} stages over {layers} layers: no uneven split leaves every stage a layer")
+    return best[0], best[1]
 
 
 def _offload_keys(stage: str, lay: ParallelLayout, megatron: bool) -> list[str]:
@@ -124,12 +144,11 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
             a = a.replace(sequence_parallel=False)
     if not megatron:
         a = a.replace(pp_interleave=1, pp_uneven=False)
-    elif a.pp_uneven:
-        lines.append("uneven pipeline stages: not set by this export (verl's Megatron layer split options)")
-        a = a.replace(pp_uneven=False)
+    elif a.pp_uneven and a.pp > 1 and not get_model(v.actor).layers % a.pp:
+        a = a.replace(pp_uneven=False)  # equal stages anyway
     lay["actor_update"] = a = _offload_project("actor_update", a, megatron, lines)
     shape = dict(dp=a.dp, tp=a.tp, pp=a.pp, cp=a.cp, ep=a.ep, zero=a.zero, sequence_parallel=a.sequence_parallel,
-                 pp_interleave=a.pp_interleave, packing=a.packing)
+                 pp_interleave=a.pp_interleave, pp_uneven=a.pp_uneven, packing=a.packing)
     for s in ("actor_logprobs", "ref_logprobs"):
         if s in lay:
             want = lay[s].replace(recompute="none", **{**shape, "zero": 0 if megatron else 3})
@@ -140,7 +159,8 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
     if "critic_update" in lay:  # verl's critic runs on the actor's backend (one config file sets both)
         cu = lay["critic_update"]
         if megatron:
-            want = cu.replace(zero=cu.zero if cu.zero in (0, 1) else 1, pp_uneven=False)
+            want = cu.replace(zero=cu.zero if cu.zero in (0, 1) else 1,
+                              pp_uneven=cu.pp_uneven and bool(get_model(v.critic or v.actor).layers % cu.pp))
         else:
             want = ParallelLayout(dp=cu.devices // cu.cp, cp=cu.cp, zero=3, packing=cu.packing,
                                   micro_batch=cu.micro_batch, recompute="full" if cu.recompute != "none" else "none",
@@ -288,7 +308,7 @@ def overrides(view: PlanView) -> tuple[str, list[str], str]:
     out.append(f"actor_rollout_ref.model.use_remove_padding={_fmt(a.packing)}")
     out.append(f"{A}use_dynamic_bsz=False")
     if megatron:
-        out += [f"{A}strategy=megatron"] + _megatron_keys(A + "megatron.", a)
+        out += [f"{A}strategy=megatron"] + _megatron_keys(A + "megatron.", a, get_model(v.actor).layers)
         out += _offload_keys("actor_update", a, megatron)
         out += [f"actor_rollout_ref.ref.megatron.tensor_model_parallel_size={a.tp}",
                 f"actor_rollout_ref.ref.megatron.pipeline_model_parallel_size={a.pp}"]
@@ -309,7 +329,8 @@ def overrides(view: PlanView) -> tuple[str, list[str], str]:
         out += ["critic.enable=True", f"critic.model.path={hf_name(v.critic or v.actor)}",
                 f"critic.model.use_remove_padding={_fmt(cu.packing)}"]
         if megatron:
-            out += ["critic.strategy=megatron"] + _megatron_keys("critic.megatron.", cu)
+            out += ["critic.strategy=megatron"] + _megatron_keys("critic.megatron.", cu,
+                                                                  get_model(v.critic or v.actor).layers)
         else:
             out += [f"critic.strategy={'fsdp2' if cu.offload_params else 'fsdp'}",
                     f"critic.ulysses_sequence_parallel_size={cu.cp}",

@@ -28,17 +28,22 @@ from typing import Any
 from rpeg.errors import RpegError
 from rpeg.graph import ModelSpec, ParallelLayout
 from rpeg.hardware import load_cluster
+from rpeg.perf import memory
+from rpeg.perf.compute import BF16
+from rpeg.perf.efficiency import Factor, host_copy_bytes_per_s
 from rpeg.perf.validation_entry import NEMO_RL_PAGEABLE, Result, _check_keys, _get, _model, _need
 from rpeg.perf.weightsync import ENGINE_WAKE, OFFLOAD_TRAINER, context_switch_cost, weight_sync_cost
 
 REFIT_KEYS = {"id", "system", "model", "gpus", "train_gpus", "gen_gpus", "gpus_per_node", "training", "generation",
-              "transport", "covers", "bucket_mb", "measured_s", "notes", "source"}
+              "transport", "covers", "bucket_mb", "offload", "measured_s", "notes", "source"}
 REFIT_TRAIN_KEYS = {"tp", "pp", "cp", "ep", "zero"}
 REFIT_GEN_KEYS = {"tp", "pp", "ep"}
 # transport -> (colocated, how the sync assembles the engine's weights: weight_sync_cost's `gather`)
 TRANSPORTS = {"nccl-broadcast": (False, "full"), "nccl-reshard": (False, "shard"), "cuda-ipc": (True, "full")}
 COVERS = ("transfer", "prepare-for-generation")
 _SWITCH_PARTS = (OFFLOAD_TRAINER, ENGINE_WAKE)  # the moves NeMo-RL's refit timer holds besides the transfer
+FSDP_PARAM_BYTES = Factor(4.0, "verl's FSDP actor keeps its sharded parameters in fp32 (fsdp_workers: torch_dtype "
+                               "float32 for the actor; bf16 is the mixed-precision compute copy)")
 
 
 def _choice(entry: dict, key: str, where: str, choices, default: str | None = None) -> str:
@@ -102,6 +107,24 @@ def refit_layouts(entry: dict, spec: ModelSpec, where: str) -> tuple[ParallelLay
     return trainer, engine, train_gpus, gen_gpus, colocated
 
 
+def staging_parts(spec: ModelSpec, trainer: ParallelLayout, device) -> tuple[tuple[str, float], ...]:
+    """A trainer whose parameters wait on the host between phases brings them to its devices for the
+    export and puts them back before it iterates (verl's get_per_tensor_param: load_fsdp_model_to_gpu,
+    state_dict, offload_fsdp_model_to_cpu). FSDP2 moves its fp32 shards with `module.to(device)` /
+    `module.cpu()`, pageable both ways; verl's Megatron parameter buffer (bf16) goes out pageable and
+    comes back from a pinned copy (rpeg/perf/offload.py). verl issue #7060 puts 2.4-2.7 s of the 7B
+    sync on this staging."""
+    params = memory.params_per_device(spec, trainer)
+    if trainer.zero >= 3:
+        nbytes, pageable = params * FSDP_PARAM_BYTES.value / trainer.dp, ("weights-in", "weights-out")
+    else:
+        nbytes, pageable = params * BF16, ("weights-out",)
+    return ((f"load trainer weights from host{' (pageable)' if 'weights-in' in pageable else ''}",
+             nbytes / host_copy_bytes_per_s(device, "weights-in", pageable)),
+            ("offload trainer weights to host (pageable)", nbytes / host_copy_bytes_per_s(device, "weights-out",
+                                                                                          pageable)))
+
+
 def predict_refit(entry: dict, models: dict[str, ModelSpec], where: str) -> Result:
     _check_keys(entry, REFIT_KEYS, where)
     spec = _model(_need(entry, "model", where, str), models)
@@ -111,14 +134,20 @@ def predict_refit(entry: dict, models: dict[str, ModelSpec], where: str) -> Resu
     if covers == "prepare-for-generation" and not colocated:
         raise RpegError(f"{where}.covers: prepare-for-generation (the optimizer offload and the engine's wake "
                         f"around a colocated refit) needs transport cuda-ipc, got {transport}")
-    _get(entry, "bucket_mb", where, 0, float)  # recorded, checked; the model does not price bucketing
+    bucket_mb = _get(entry, "bucket_mb", where, 0, float)  # names the bucket count in the breakdown
+    offload = entry.get("offload", False)
+    if not isinstance(offload, bool):
+        raise RpegError(f"{where}.offload: expected true or false (the trainer's parameters offloaded to the host "
+                        f"between phases), got {offload!r:.80}")
     _get(entry, "gpus_per_node", where, 0)  # the cluster preset sets it; recorded as published
     trainer, engine, train_gpus, gen_gpus, colocated = refit_layouts(entry, spec, where)
     system = _need(entry, "system", where, str)
     cluster = load_cluster(system, train_gpus if colocated else train_gpus + gen_gpus)
     cost = weight_sync_cost(entry["id"], spec, trainer, engine, cluster, colocated=colocated,
-                            separation=0 if colocated else train_gpus, gather=gather)
-    parts = cost.parts
+                            separation=0 if colocated else train_gpus, gather=gather,
+                            bucket_bytes=bucket_mb * 2**20 if bucket_mb else None)
+    parts = staging_parts(spec, trainer, cluster.device) if offload else ()
+    parts += cost.parts
     if covers == "prepare-for-generation":
         switch = context_switch_cost("switch", spec, trainer, engine, cluster.device)
         parts += tuple((k, v) for k, v in switch.parts if k in _SWITCH_PARTS)
@@ -126,4 +155,4 @@ def predict_refit(entry: dict, models: dict[str, ModelSpec], where: str) -> Resu
     return Result(entry["id"], "refit", sum(v for _, v in parts), float(measured), parts, note=transport)
 
 
-__all__ = ["COVERS", "REFIT_KEYS", "TRANSPORTS", "predict_refit", "refit_layouts"]
+__all__ = ["COVERS", "REFIT_KEYS", "TRANSPORTS", "predict_refit", "refit_layouts", "staging_parts"]

@@ -18,6 +18,8 @@ trainers set them to None after the optimizer step (verl, OpenRLHF).
 
 from __future__ import annotations
 
+import math
+
 from rpeg.graph.layout import ParallelLayout
 from rpeg.graph.model import ModelSpec
 from rpeg.hardware.topology import Cluster
@@ -26,24 +28,107 @@ from rpeg.perf.collectives import (Group, all_gather_s, broadcast_s, tensorwise_
                                    weight_tensors)
 from rpeg.perf.compute import BF16
 from rpeg.perf.cost import StageCost
-from rpeg.perf.efficiency import HBM, host_copy_bytes_per_s, link_efficiency
+from rpeg.perf.efficiency import HBM, host_copy_bytes_per_s, host_time, link_efficiency
+from rpeg.perf.fitted import declare
 from rpeg.perf.offload import switch_seconds, switched_state_bytes
 
 
+# ---- fitted constants (rpeg/perf/fitted.py; values in rpeg/data/fitted.yaml, `python scripts/fit_factors.py`) ----
+_SYNC_ROWS = ("nemo-rl-v0.6:refit", "nemo-rl-v0.3-stages:rl:refit")
+TRAINER_ENGINES = ("megatron", "fsdp")  # weight export loops, by the trainer's engine (`trainer_engine`)
+TENSOR_HOST_S = {
+    "megatron": declare(
+        "weightsync.tensor_host_s[megatron]", unit="s per tensor", bounds=(1e-6, 3e-2), rows=_SYNC_ROWS,
+        group="weightsync[megatron]",
+        mechanism="host time per weight tensor of a Megatron trainer's weight export, on an x86 host (scaled by "
+                  "HOST_TIME): the loop over the Hugging Face tensors, one per expert (NeMo-RL's gather_params / "
+                  "Megatron-Bridge export_hf_weights, verl's per_tensor_generator): name mapping, the "
+                  "collectives' launch and a synchronisation per tensor, the packing of each into the bucket and "
+                  "the engine's weight_loader call for it on the other side"),
+    "fsdp": declare(
+        "weightsync.tensor_host_s[fsdp]", unit="s per tensor", bounds=(1e-6, 3e-2), rows=_SYNC_ROWS,
+        group="weightsync[fsdp]",
+        mechanism="host time per weight tensor of an FSDP / ZeRO-3 trainer's weight export, on an x86 host: "
+                  "the loop over the state dict (verl's get_per_tensor_param: DTensor full_tensor(), the cast and "
+                  "the copy to the device per parameter; VeOmni's fused experts split into one tensor per expert), "
+                  "and the engine's weight_loader call per tensor"),
+}
+ASSEMBLY_BYTES_PER_S = {
+    "megatron": declare(
+        "weightsync.assembly_bytes_per_s[megatron]", unit="B/s", bounds=(1e9, 1e13), rows=_SYNC_ROWS,
+        group="weightsync[megatron]",
+        mechanism="the rate at which a Megatron trainer's export assembles the bytes each device hands on: the "
+                  "gathered tensors made contiguous, cast and re-laid-out into the checkpoint's format (fused QKV "
+                  "split, experts stacked or split), one tensor at a time and synchronised per tensor, so below "
+                  "the HBM rate of one streaming copy"),
+    "fsdp": declare(
+        "weightsync.assembly_bytes_per_s[fsdp]", unit="B/s", bounds=(1e9, 1e13), rows=_SYNC_ROWS,
+        group="weightsync[fsdp]",
+        mechanism="the rate at which an FSDP / ZeRO-3 trainer's export assembles each full tensor from the "
+                  "state dict: the per-parameter full_tensor() all-gather of the fp32 shards, the cast to bf16 "
+                  "and the copy into the bucket, one parameter at a time with a synchronisation per bucket "
+                  "(verl issue #7060: the 72B sender spends 23.5 s of 24 assembling and bucketing 145 GB)"),
+}
+def trainer_engine(train: ParallelLayout) -> str:
+    """Whose weight export loop a sync runs: FSDP / ZeRO-3 (zero 3) or Megatron (the rest)."""
+    return "fsdp" if train.zero >= 3 else "megatron"
+
+
+def export_parts(spec: ModelSpec, train: ParallelLayout, dev, nbytes: float, tensors: float) -> tuple[tuple[str, float],
+                                                                                                       ...]:
+    """The sender's own work besides the collectives, each its own line: `tensors` weight tensors at
+    TENSOR_HOST_S (per tensor, by the trainer's engine, times the host's HOST_TIME) and `nbytes`
+    assembled at ASSEMBLY_BYTES_PER_S. cpu-local devices: none (their calibrated gather_tensor_s
+    times the per-tensor loop itself)."""
+    if dev.kind == "cpu" or tensors <= 0:
+        return ()
+    engine = trainer_engine(train)
+    return ((f"sender: per-tensor work ({tensors:,.0f} tensors, {engine})",
+             tensors * TENSOR_HOST_S[engine].value * host_time(dev)),
+            (f"sender: assemble {nbytes / 1e9:,.1f} GB ({engine})", nbytes / ASSEMBLY_BYTES_PER_S[engine].value))
+
+
 def weight_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: ParallelLayout, cluster: Cluster, *,
-                     colocated: bool, separation: int, gather: str = "shard") -> StageCost:
+                     colocated: bool, separation: int, gather: str = "shard",
+                     bucket_bytes: float | None = None) -> StageCost:
     """`separation`: device-id distance between the training and generation groups (0 when colocated).
     `gather`: how the sync assembles the engine's weights (rpeg/passes/refit.py): `shard`, each device
     gets only its slice (disaggregated: every shard holder sends in parallel); `full`, every tensor
-    gathered in full (disaggregated: then broadcast from one sender)."""
+    gathered in full (disaggregated: then broadcast from one sender). `bucket_bytes`: the sender's
+    bucket, where known (it only names the bucket count in the breakdown).
+
+    Lines, as the systems run a sync (their order): the collectives that gather the tensors; the
+    sender's per-tensor work and its assembly (`export_parts`, fitted); the copy into the buckets
+    (full gathers pack every tensor into a bucket buffer: NeMo-RL's packed_broadcast_producer and
+    stream_weights_via_ipc_zmq, verl's checkpoint engines); the wire per transport; the receiver's
+    load_weights copy into the engine. Colocated, the engine reads each bucket through a CUDA IPC
+    handle (no wire) and the sender waits for its acknowledgement before refilling the buffer (verl
+    PR #7589: the bucketed sync is lock-step), so the lines add. Disaggregated with one sender, the
+    NCCL broadcast of bucket i runs while bucket i + 1 is filled (verl's nccl engine, NeMo-RL's
+    double-buffered packed broadcast), so only the wire beyond the sender's work shows."""
     total = spec.params_total() * BF16
     shard = total / gen.tp / gen.pp
     dev = cluster.device
     copy_s = shard / (dev.hbm_bandwidth_bytes_per_s * HBM[dev.kind].value)
+    load = ("copy into engine", copy_s)  # the receiver's load_weights: its shard written into the engine
     mp = train.tp * train.pp * train.ep
-    if colocated and gather == "full":
-        parts = full_gather_parts(spec, train, cluster) + (("convert to engine format", _convert_s(total, dev)),
-                                                           ("copy into engine", copy_s))
+    tensors = weight_tensors(spec)
+    if gather == "full":
+        buckets = f" ({math.ceil(total / bucket_bytes):,} of {bucket_bytes / 2**20:,.0f} MB)" if bucket_bytes else ""
+        sender = full_gather_parts(spec, train, cluster) + export_parts(spec, train, dev, total, tensors) + \
+            ((f"pack into buckets{buckets}", _pack_s(total, dev)),)
+        if colocated:
+            parts = sender + (load,)
+        else:
+            # one rank broadcasts the whole model to every generation device (NeMo-RL's
+            # packed_broadcast_producer(src=0), verl's nccl engine, OpenRLHF's rank-0 broadcast after
+            # ZeRO-3's GatheredParameters): a pipelined ring whose slowest link sets the pace
+            span = cluster.span(2, max(1, separation))
+            link = span.level.effective_bandwidth_bytes_per_s * link_efficiency(span.level.link)
+            ring = broadcast_s(cluster, total, Group(gen.devices, 1))
+            wire = max(total / link + span.level.latency_s, ring)
+            parts = sender + (("broadcast to generation, one sender, beyond the sender's work",
+                               max(0.0, wire - sum(v for _, v in sender))), load)
     elif colocated:
         gather_s = all_gather_s(cluster, shard, Group(min(mp, cluster.gpus_per_node), 1))
         if mp > cluster.gpus_per_node:  # pipeline stages on other nodes
@@ -54,27 +139,17 @@ def weight_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: Par
             # are first all-gathered over data parallelism (verl's FSDP sharding manager takes the
             # full state dict; Megatron's distributed optimizer keeps the weights whole per rank)
             parts += (("gather over data parallelism", _dp_gather_s(spec, cluster, total / mp, train)),)
-        parts += (("copy into engine", copy_s),)
-    elif gather == "full":
-        # the trainers gather every tensor in full, then one rank broadcasts the whole model to every
-        # generation device (NeMo-RL's packed_broadcast_producer(src=0), OpenRLHF's rank-0 broadcast
-        # after ZeRO-3's GatheredParameters): a pipelined ring whose slowest link sets the pace. The
-        # loop gathers tensor i + 1 while tensor i is broadcast, so only the longer of the two shows.
-        span = cluster.span(2, max(1, separation))
-        link = span.level.effective_bandwidth_bytes_per_s * link_efficiency(span.level.link)
-        ring = broadcast_s(cluster, total, Group(gen.devices, 1))
-        send_s = max(total / link + span.level.latency_s, ring)
-        gather_s = sum(v for _, v in full_gather_parts(spec, train, cluster))
-        parts = (("broadcast to generation, one sender", send_s),
-                 ("gather in full, beyond the broadcast", max(0.0, gather_s - send_s)),
-                 ("convert to engine format", _convert_s(total, dev)), ("copy into engine", copy_s))
+        parts += export_parts(spec, train, dev, shard, tensors) + (load,)
     else:
         span = cluster.span(2, max(1, separation))
         link = span.level.effective_bandwidth_bytes_per_s * link_efficiency(span.level.link)
         senders = max(1, min(mp, gen.tp * gen.pp))
         send_s = total / (senders * link) + span.level.latency_s
         fan_out = broadcast_s(cluster, shard, Group(gen.dp, gen.tp * gen.pp))
-        parts = (("send to generation", send_s), ("broadcast to instances", fan_out), ("copy into engine", copy_s))
+        # every shard holder sends its part in parallel: each walks the tensors of its pipeline stage
+        # (a slice of each under tensor parallelism) and its expert-parallel share of the experts
+        parts = export_parts(spec, train, dev, total / senders, _stage_tensors(spec, train)) + \
+            (("send to generation", send_s), ("broadcast to instances", fan_out), load)
     seconds = sum(v for _, v in parts)
     return StageCost(stage=name, seconds=seconds, comm_s=seconds - copy_s, memory_s=copy_s,
                      bytes=total * gen.dp, devices=gen.devices, parts=parts)
@@ -118,8 +193,15 @@ def _tensorwise_s(cluster: Cluster, nbytes: float, group: Group, tensors: float)
     return tensorwise_all_gather_s(cluster, nbytes, group, max(1, round(tensors)))
 
 
-def _convert_s(total: float, dev) -> float:
-    """The full model converted to the engine's format: each tensor read and written once."""
+def _stage_tensors(spec: ModelSpec, train: ParallelLayout) -> float:
+    """Weight tensors one trainer rank holds (a slice of each under tensor parallelism): its pipeline
+    stage's, with 1/ep of the routed experts."""
+    experts = spec.moe_layers * spec.experts * (3 if spec.ffn_act == "swiglu" else 2) if spec.is_moe else 0
+    return (weight_tensors(spec) - experts + experts / train.ep) / train.pp
+
+
+def _pack_s(total: float, dev) -> float:
+    """The full model copied into the bucket buffers: each tensor read and written once at the HBM rate."""
     return 2 * total / (dev.hbm_bandwidth_bytes_per_s * HBM[dev.kind].value)
 
 

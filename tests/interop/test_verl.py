@@ -210,3 +210,14 @@ def test_a_yaml_recipe_config_reads_like_its_script():
 
     as_yaml = yaml.safe_dump({"defaults": ["ppo_trainer", "_self_"], **nested})
     assert rv.read(as_yaml, "x.yaml").view == rv.read(text, "x.sh").view
+
+
+@pytest.mark.parametrize("layers, pp", [(28, 5), (61, 16), (28, 2), (94, 12), (7, 7)])
+def test_unequal_pipeline_stages_are_written_as_first_and_last_stage_counts(layers, pp):
+    """Megatron's num_layers_in_first/last_pipeline_stage leave the middle stages equal shares."""
+    from rpeg.interop.verl_write import _uneven_split
+
+    first, last = _uneven_split(layers, pp)
+    middle = layers - first - last
+    assert first >= 1 and last >= 1 and (pp == 2 and middle == 0 or middle % (pp - 2) == 0 and middle > 0)
+    assert max(first, last) - min(first, last, middle // max(1, pp - 2) if pp > 2 else last) <= 2
