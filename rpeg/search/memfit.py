@@ -10,8 +10,11 @@ that removes the most overflow per added second (bytes over capacity, summed ove
 on every set of devices, so that helping one of two turns at the same peak counts), until all fit,
 or no change helps (the placement is then infeasible); then it undoes the changes later ones made
 needless. Two cheap changes so beat one dear one that alone would fit (ZeRO-3 for the critic and
-the reward model, not the critic's optimizer on the host). Greedy, not exhaustive, and
-deterministic: ties break on the stage's order and the layout's own order.
+the reward model, not the critic's optimizer on the host). Where host offload is allowed
+(`LayoutOptions.offload`), keeping the reference's weights on the host and swapping them in for its
+pass (NeMo-RL's way, passes/reference.py) is one more change of the same kind: it frees the
+reference's weights on the actor's training devices for the swap's seconds. Greedy, not
+exhaustive, and deterministic: ties break on the stage's order and the layout's own order.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from __future__ import annotations
 import math
 
 from rpeg.graph import Graph, Kind, ParallelLayout, Stage
-from rpeg.graph.verify import layout_problems
+from rpeg.graph.verify import layout_problems, reference_host_problem
 from rpeg.hardware.topology import Cluster
 from rpeg.perf.cost import StageCost
 from rpeg.perf.residency import STATE, DeviceMemory, device_memory, sleeping_engine
+from rpeg.passes.reference import reference_on_host
 from rpeg.perf.stages import stage_cost
 from rpeg.search.layouts import LayoutCache, LayoutOptions, _key, best_layout, candidates
 
@@ -119,6 +123,9 @@ def fit_together(graph: Graph, cluster: Cluster, opts: LayoutOptions, cache: Lay
                 rank = (-(over - left) / added, left)  # overflow removed per added second, the most first
                 if best is None or rank < best[0]:
                     best = (rank, trial, trial_costs, trial_held, s.name)
+        move = _reference_to_host(graph, costs, cluster, opts, over)
+        if move is not None and (best is None or move[0] < best[0]):
+            best = move
         if best is None:
             return None
         _, graph, costs, held, name = best
@@ -126,10 +133,49 @@ def fit_together(graph: Graph, cluster: Cluster, opts: LayoutOptions, cache: Lay
     return _relax(graph, costs, changed, cluster, opts, cache) if overflow_bytes(held) <= 0 else None
 
 
+REFERENCE_MOVE = "reference on the host"
+
+
+def reference_to_host(graph: Graph, opts: LayoutOptions) -> Graph | None:
+    """`graph` with the reference's weights kept on the host (passes/reference.py), or None where host
+    offload is not allowed, they are there already, or the plan cannot."""
+    if not opts.offload or graph.reference_on_host or reference_host_problem(graph):
+        return None
+    return reference_on_host(graph)
+
+
+def _ref_costs(graph: Graph, costs: dict[str, StageCost], cluster: Cluster) -> dict[str, StageCost]:
+    return {**costs, **{s.name: stage_cost(graph, s, cluster) for s in graph.stages
+                        if s.model == "ref" and s.kind is Kind.INFER and s.name in costs}}
+
+
+def _reference_to_host(graph: Graph, costs: dict[str, StageCost], cluster: Cluster, opts: LayoutOptions,
+                       over: float) -> tuple | None:
+    """The move that keeps the reference's weights on the host, ranked as a layout change is, or None
+    where host offload is not allowed, it is already there, or it cannot be done or removes nothing."""
+    trial = reference_to_host(graph, opts)
+    if trial is None:
+        return None
+    trial_costs = _ref_costs(trial, costs, cluster)
+    added = max(sum(trial_costs[n].seconds - costs[n].seconds for n in costs), 1e-9)
+    trial_held = _held(trial, trial_costs)
+    left = overflow_bytes(trial_held)
+    if left >= over - 1.0:
+        return None
+    return (-(over - left) / added, left), trial, trial_costs, trial_held, REFERENCE_MOVE
+
+
 def _relax(graph: Graph, costs: dict[str, StageCost], changed: list[str], cluster: Cluster, opts: LayoutOptions,
            cache: LayoutCache) -> Graph:
     """Undo what the greedy changes made needless: each changed stage, in order, back to the fastest
-    layout of its front that still lets every set of devices fit."""
+    layout of its front that still lets every set of devices fit; the reference back on its devices
+    if it then fits there."""
+    if REFERENCE_MOVE in changed:
+        trial = graph.replace(reference_on_host=False,
+                              history=tuple(h for h in graph.history if h != "reference_on_host()"))
+        trial_costs = _ref_costs(trial, costs, cluster)
+        if overflow_bytes(_held(trial, trial_costs)) <= 0:
+            graph, costs = trial, trial_costs
     for s in graph.stages:
         if s.name not in changed:
             continue

@@ -24,7 +24,7 @@ from rpeg.perf.flops import expected_forward_flops, expected_generation_flops, e
 from rpeg.perf.stages import stage_cost
 from rpeg.perf.step import StepPrediction, _context_switch, predict_step
 from rpeg.search.layouts import LayoutCache, LayoutOptions, alternatives, apply_layouts
-from rpeg.search.memfit import fit_together
+from rpeg.search.memfit import fit_together, reference_to_host
 from rpeg.search.space import (Placement, SpaceOptions, Structure, apply_execution, apply_structure, placements,
                                structures)
 
@@ -107,7 +107,8 @@ def _trade_for_sync(graph: Graph, cluster: Cluster, pred: StepPrediction, option
     generation and training layouts of the synced model (how many shards send, what is
     offloaded): a slower trainer with more senders can make a faster step. Try those stages'
     other fitting layouts (one per shape) whose sync and switch are cheaper than those of every
-    faster layout; keep the fastest step. The stages themselves are at their fastest already, so
+    faster layout (where one overflows with the models it shares devices with, the others' layouts
+    are traded for memory as the first fit does); keep the fastest step. The stages themselves are at their fastest already, so
     a layout gains at most what it saves on the sync and switch: one that cannot bring the step
     under `bar_s` is not costed."""
     synced = {s.model for s in graph.stages if s.kind is Kind.SYNC}
@@ -124,6 +125,16 @@ def _trade_for_sync(graph: Graph, cluster: Cluster, pred: StepPrediction, option
             if pred.step_s - (now - overhead) >= min(bar_s, pred.step_s):
                 continue
             p = predict_step(trial, cluster)
+            if p.oom and all(c.fits for c in p.stages.values()):
+                # a cheaper sync from a layout that overflows with the co-resident models: the reference
+                # on the host or the other stages' layouts may make room (memfit.py), at a cost the
+                # prediction weighs
+                made = [t for t in (reference_to_host(trial, options), fit_together(trial, cluster, options, cache))
+                        if t is not None]
+                fitting = [(q.step_s, i, t, q) for i, t in enumerate(made) for q in [predict_step(t, cluster)] if q.fits]
+                if not fitting:
+                    continue
+                _, _, trial, p = min(fitting, key=lambda x: x[:2])
             if p.fits and p.step_s < pred.step_s - 1e-12:
                 graph, pred = trial, p
     return graph, pred

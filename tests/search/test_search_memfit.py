@@ -59,3 +59,26 @@ def test_an_engine_that_never_sleeps_leaves_no_room_for_a_frozen_model():
     fastest = apply_layouts(g, H100, opts, cache)
     assert fastest is not None and all(c.fits for c in predict_step(fastest, H100).stages.values())
     assert fit_together(fastest, H100, opts, cache) is None
+
+
+def test_the_reference_goes_to_the_host_where_its_swap_costs_least():
+    """Llama 8B GRPO with 2 of 8 GPUs training: the actor's state and the reference's weights overflow
+    them; keeping the reference on the host (NeMo-RL's swap, passes/reference.py) costs less than the
+    layouts that would make room (ZeRO-3, tensor parallel, full recomputation), and only host offload
+    allows it."""
+    g = build_graph("grpo", JOB, Models(actor=get_model("llama-3.1-8B")))
+    g = place(bound_asynchrony(g, 1), {"generation": 6, "training": 2}, assign={"generate": "generation"},
+              default="training")
+    steps = {}
+    for offload in (True, False):
+        opts, cache = LayoutOptions(offload=offload), LayoutCache()
+        fastest = apply_layouts(g, H100, opts, cache)
+        assert not predict_step(fastest, H100).fits
+        fitted = fit_together(fastest, H100, opts, cache)
+        pred = predict_step(fitted, H100)
+        assert pred.fits
+        assert fitted.reference_on_host is offload
+        assert (fitted.history[-1] == "reference_on_host()") is offload
+        assert all(line.model != "ref" for m in pred.memory for line in m.lines) is offload
+        steps[offload] = pred.step_s
+    assert steps[True] < steps[False]
