@@ -70,7 +70,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
             "fits": pred.fits, "bottleneck": pred.bottleneck, "cost_usd_per_step": cluster.usd(gpus, pred.step_s) if pred.fits else None,
             "stages": [{"stage": n, "devices": w, "layout": lay, "seconds": c.seconds if c.fits else None,
                         "parts": {k: v for k, v in c.parts if v < float("inf")},
-                        "peak_memory_gb": c.peak_memory_bytes / 1e9, "fits": c.fits} for n, w, lay, c in rows]})
+                        "peak_memory_gb": c.peak_memory_bytes / 1e9,
+                        "memory_gb": {k: v / 1e9 for k, v in c.memory_parts}, "fits": c.fits}
+                       for n, w, lay, c in rows]})
         return 0 if pred.fits else 3
     print(header(graph, spec))
     print(f"cluster: {cluster.name}, {gpus} x {cluster.device.name}; layout from {planned_by}")
@@ -85,6 +87,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     print()
     print(table(["stage", "devices", "layout", "seconds", "share", "where the time goes", "GB/GPU", "fits"], body,
                 right=[3, 4, 6]))
+    memory_rows = [[n, _gb(c.peak_memory_bytes), ", ".join(f"{k} {_gb(v)}" for k, v in c.memory_parts)]
+                   for n, _, _, c in rows if c.memory_parts]
+    if memory_rows:
+        print("\nmemory per GPU (GB; docs/perf.md says what each line holds):")
+        print(table(["stage", "peak", "by part"], memory_rows, right=[1]))
     if pred.fits:
         print(f"\nstep time: {pred.step_s:.2f} s  ({pred.tokens_per_s_per_gpu:,.0f} tokens/s/GPU; bottleneck: "
               f"{pred.bottleneck})")

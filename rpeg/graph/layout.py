@@ -80,6 +80,15 @@ class ParallelLayout:
     weights with module.cpu() / module.to(device): ["weights"]; its Megatron backend copies them out
     with .cpu().pin_memory(): ["weights-out"]; DeepSpeed with pin_memory false and Megatron-Core's
     --no-pin-cpu-grads / --no-pin-cpu-params: ["gradients-out", "weights-in"] (rpeg/perf/offload.py).
+
+    logprob_chunk: tokens whose full-vocabulary logits a training or log-prob pass holds at once
+    (rpeg/perf/memory.py, `logits_bytes`). 0 (the default): the whole micro-batch, as Megatron's
+    GPTModel called without labels, NeMo-RL's DistributedLogprob, slime and verl without fused kernels
+    do; N: the head and the log-softmax run fused over chunks of N tokens (verl's
+    `use_fused_kernels: true`, FusedLinearForPPO's chunk_size 512; prime-rl's chunked log-probs).
+    grad_bytes: bytes per parameter of a trainer's main gradients: 4, fp32 (Megatron-Core's
+    grad_reduce_in_fp32 default, FSDP with an fp32 reduce dtype); 2, bf16 gradient buffers (NeMo-RL's
+    Megatron configs set grad_reduce_in_fp32: false).
     """
 
     dp: int = 1
@@ -98,12 +107,20 @@ class ParallelLayout:
     offload_params: bool = False
     resident: tuple[str, ...] = ()
     pageable: tuple[str, ...] = ()
+    logprob_chunk: int = 0
+    grad_bytes: int = 4
 
     def __post_init__(self) -> None:
         bad = [f"{f} = {getattr(self, f)}" for f in ("dp", "tp", "pp", "cp", "ep", "pp_interleave", "micro_batch")
                if getattr(self, f) < 1]
         if bad:
             raise RpegError(f"parallel layout: {', '.join(bad)} must be >= 1")
+        if isinstance(self.logprob_chunk, bool) or not isinstance(self.logprob_chunk, int) or self.logprob_chunk < 0:
+            raise RpegError(f"parallel layout: logprob_chunk = {self.logprob_chunk!r} must be a whole number of tokens "
+                            ">= 0 (0: the whole micro-batch's logits at once)")
+        if self.grad_bytes not in (2, 4) or isinstance(self.grad_bytes, bool):
+            raise RpegError(f"parallel layout: grad_bytes = {self.grad_bytes!r} must be 4 (fp32 main gradients) or 2 "
+                            "(bf16: Megatron's grad_reduce_in_fp32 false)")
         if self.zero not in (0, 1, 2, 3):
             raise RpegError(f"parallel layout: zero = {self.zero} must be 0, 1, 2 or 3")
         if self.recompute not in ("none", "selective", "full"):
@@ -175,4 +192,8 @@ class ParallelLayout:
             parts.append("resident=" + "+".join(self.resident))
         if self.pageable:
             parts.append("pageable=" + "+".join(self.pageable))
+        if self.grad_bytes != 4:
+            parts.append(f"grad{8 * self.grad_bytes}")
+        if self.logprob_chunk:
+            parts.append(f"logprob-chunk{self.logprob_chunk}")
         return " ".join(parts) or "single device"

@@ -20,12 +20,13 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                 pp_interleave: int = 1, pp_uneven: bool = False, micro_batch: int = 1,
                 packing: bool = True, offload_optimizer: float | bool = 0.0, offload_params: bool = False,
                 resident: list[str] | tuple[str, ...] = (),
-                pageable: list[str] | tuple[str, ...] = ()) -> Graph:
+                pageable: list[str] | tuple[str, ...] = (), logprob_chunk: int = 0, grad_bytes: int = 4) -> Graph:
     call = call_text("parallelize", stage=stage, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero,
                      recompute=recompute)
     if stage not in graph.stage_names:
         raise refuse(call, f"no stage {stage!r} (stages: {', '.join(graph.stage_names)})")
-    degrees = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, pp_interleave=pp_interleave, micro_batch=micro_batch)
+    degrees = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, pp_interleave=pp_interleave, micro_batch=micro_batch,
+                   logprob_chunk=logprob_chunk, grad_bytes=grad_bytes)
     wrong = [f"{k} = {v!r}" for k, v in degrees.items() if isinstance(v, bool) or not isinstance(v, int)]
     wrong += [f"{k} = {v!r}" for k, v in (("sequence_parallel", sequence_parallel), ("pp_uneven", pp_uneven),
                                           ("packing", packing)) if not isinstance(v, bool)]

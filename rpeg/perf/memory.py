@@ -19,7 +19,14 @@ log-sum-exp per head and query. Pipeline schedules: 1F1B's rank r holds pp - r m
 peak (Narayanan et al. 2021, arXiv 2104.04473); the interleaved schedule's first rank holds
 L(1 + (pp-1)/(pp v)) layers' worth (Korthikanti section 4.2.2). Memory is computed per pipeline stage
 (the first one holds the embedding and the most micro-batches; the last one holds the output head
-and the fp32 logits) and the fullest stage is what `training_memory` returns.
+and the logits) and the fullest stage is what `training_memory` returns.
+
+Logits (`MemoryBreakdown.logits`, `logits_bytes`): a training or log-prob pass turns every token of its
+micro-batch into full-vocabulary logits, and the unfused path keeps several [tokens, vocab/tp] tensors
+at once, most of them fp32 (LOGPROB_BYTES). With long multi-turn sequences and 150-250k vocabularies
+this is the largest transient of the pass (slime issue #2253: 11.6k tokens x 248,320 x 4 bytes = 10.8 GB
+for one fp32 copy). Systems that fuse the head with the log-softmax in chunks of tokens
+(ParallelLayout.logprob_chunk) keep one chunk's worth instead.
 
 Where a figure is a choice rather than a formula, the constant below says why. Tests:
 tests/perf/test_perf_memory.py (hand-worked values, the paper's Table 2) and
@@ -34,12 +41,21 @@ from dataclasses import dataclass, fields
 from rpeg.errors import RpegError
 from rpeg.graph.layout import ParallelLayout
 from rpeg.graph.model import ModelSpec
+from rpeg.perf.efficiency import Factor
 
 GB = 1e9
 GIB = 2.0**30
 BF16_BYTES = 2
 ADAM_BYTES_PER_PARAM = 12  # fp32 master weights + first and second moments (ZeRO paper, section 3.1)
-LOGIT_BYTES = 4  # cross-entropy / log-softmax runs on fp32 logits (Megatron upcasts; Korthikanti 4.3)
+LOGIT_BYTES = 4  # one fp32 copy of the logits (Megatron's Float16Module upcasts the head's output; Korthikanti 4.3)
+LOGPROB_BYTES = Factor(14, "bytes per token and vocabulary entry (of vocab/tp) live at the peak of an unfused "
+                           "log-prob: the head's bf16 output (2), its fp32 upcast (4), and two fp32 results of "
+                           "the vocab-parallel log-softmax (4 + 4: the max-shifted logits then the log-probs, "
+                           "the log-probs then the softmax kept for the backward). NeMo-RL's DistributedLogprob "
+                           "(nemo_rl/distributed/model_utils.py) on Megatron's upcast output; slime's "
+                           "calculate_log_probs_and_entropy clones the fp32 logits and subtracts the max out of "
+                           "place (issues #2253, #1951: 58 GiB for one clone); verl's FSDP path without "
+                           "use_fused_kernels materialises the logits of the whole micro-batch too")
 LSE_BYTES = 4  # FlashAttention keeps one fp32 log-sum-exp per (head, query) for the backward pass
 # A fixed allowance per device for what no tensor formula sees; an estimate from its parts, not a
 # measurement: about 1 GiB of CUDA context with the kernel images of PyTorch, cuBLAS and cuDNN
@@ -61,6 +77,7 @@ class MemoryBreakdown:
     gradients: float = 0.0
     optimizer: float = 0.0
     activations: float = 0.0
+    logits: float = 0.0  # full-vocabulary logits and the log-softmax's temporaries (`logits_bytes`)
     kv_cache: float = 0.0
     buffers: float = 0.0
 
@@ -266,13 +283,25 @@ def activation_bytes_per_layer(spec: ModelSpec, *, seq_len: float, micro_batch: 
 
 
 def head_activation_bytes(spec: ModelSpec, *, seq_len: float, micro_batch: float, tp: int = 1,
-                          sequence_parallel: bool = False, cp: int = 1, value_head: bool = False) -> float:
-    """The last stage's output layer: the final norm's input and the head's input (2sbh each,
-    /t with SP) and fp32 logits sbv/t x 4 bytes (Korthikanti section 4.3: 4sbh/t (1 + v/h) with
-    SP). A critic's value head produces one number per token instead of vocab logits."""
+                          sequence_parallel: bool = False, cp: int = 1) -> float:
+    """The last stage's output layer: the final norm's input and the head's input (2sbh each, /t
+    with SP; Korthikanti section 4.3's 4sbh/t). Its logits are their own line (`logits_bytes`)."""
     tokens = seq_len * micro_batch / cp
-    logits = 0.0 if value_head else LOGIT_BYTES * spec.vocab / tp
-    return tokens * (2 * BF16_BYTES * spec.hidden / (tp if sequence_parallel else 1) + logits)
+    return tokens * 2 * BF16_BYTES * spec.hidden / (tp if sequence_parallel else 1)
+
+
+def logits_bytes(spec: ModelSpec, *, tokens: float, tp: int = 1, chunk: int = 0, value_head: bool = False) -> float:
+    """Peak bytes of the logits of one micro-batch of `tokens` tokens per device (after cp) on the last
+    pipeline stage: tokens x vocab/tp x LOGPROB_BYTES (the head's bf16 output, its fp32 upcast and the
+    log-softmax's fp32 results, live together). Korthikanti's 4 bytes (section 4.3) are the fp32 copy
+    a fused cross-entropy keeps for the backward; an RL log-prob or loss over the full vocabulary holds
+    more. `chunk` > 0: the head and the log-softmax run fused over chunks of that many tokens (verl's
+    use_fused_kernels, FusedLinearForPPO with chunk_size 512; prime-rl's chunked_selective_log_softmax),
+    so only one chunk's logits exist at a time. A critic's value head has no vocabulary logits."""
+    if value_head:
+        return 0.0
+    live = min(tokens, chunk) if chunk > 0 else tokens
+    return live * spec.vocab / tp * LOGPROB_BYTES.value
 
 
 def _chunks_in_flight(pp: int, v: int, rank: int, microbatches: int | None) -> float:
@@ -324,12 +353,13 @@ def _state_bytes(spec: ModelSpec, layout: ParallelLayout, stage: int, grad_dtype
     return weights, grads, optimizer
 
 
-def trainer_state_bytes(spec: ModelSpec, layout: ParallelLayout, *, grad_dtype_bytes: float = 4,
+def trainer_state_bytes(spec: ModelSpec, layout: ParallelLayout, *, grad_dtype_bytes: float | None = None,
                         value_head: bool = False) -> dict[str, float]:
     """What a trainer keeps on one device between its steps, on its fullest pipeline stage, by
     part (`weights`, `gradients`, `optimizer`): what a colocated engine's phase finds there unless
     it is moved out (ParallelLayout.resident)."""
     groups = data_parallel_groups(spec, layout)
+    grad_dtype_bytes = layout.grad_bytes if grad_dtype_bytes is None else grad_dtype_bytes
     stages = [_state_bytes(spec, layout, s, grad_dtype_bytes, value_head, layout.offload_optimizer, groups)
               for s in range(layout.pp)]
     w, g, o = max(stages, key=sum)
@@ -338,11 +368,12 @@ def trainer_state_bytes(spec: ModelSpec, layout: ParallelLayout, *, grad_dtype_b
 
 def training_memory_stages(spec: ModelSpec, layout: ParallelLayout, *, seq_len: float, micro_batch: float,
                            microbatches_in_flight: int | None = None, flash_attention: bool = True,
-                           offload_optimizer: bool = False, grad_dtype_bytes: float = 4,
+                           offload_optimizer: bool = False, grad_dtype_bytes: float | None = None,
                            value_head: bool = False, dropout: bool = False) -> list[MemoryBreakdown]:
     """`training_memory` for every pipeline stage, first to last."""
     tp, pp, sp, cp = layout.tp, layout.pp, layout.sequence_parallel, layout.cp
     groups = data_parallel_groups(spec, layout)
+    grad_dtype_bytes = layout.grad_bytes if grad_dtype_bytes is None else grad_dtype_bytes
     host = max(layout.offload_optimizer, 1.0 if offload_optimizer else 0.0)
     act_kw = dict(seq_len=seq_len, tp=tp, sp=sp, flash=flash_attention, dropout=dropout)
     tokens = seq_len * micro_batch / cp
@@ -356,28 +387,32 @@ def training_memory_stages(spec: ModelSpec, layout: ParallelLayout, *, seq_len: 
             acts += tokens * max(_layer_bytes_per_token(spec, i, recompute="none", **act_kw) for i in layers)
         if s == 0 and dropout:  # the embedding's dropout mask, one per micro-batch in flight
             acts += in_flight * tokens * spec.hidden / (tp if sp else 1)
+        logits = 0.0
         if s == pp - 1:  # the output layer runs one micro-batch at a time
             acts += head_activation_bytes(spec, seq_len=seq_len, micro_batch=micro_batch, tp=tp,
-                                          sequence_parallel=sp, cp=cp, value_head=value_head)
+                                          sequence_parallel=sp, cp=cp)
+            logits = logits_bytes(spec, tokens=tokens, tp=tp, chunk=layout.logprob_chunk, value_head=value_head)
         buffers = BUFFER_BYTES + _zero3_working_set(spec, layout, s, grad_dtype_bytes)
         out.append(MemoryBreakdown(weights=weights, gradients=grads, optimizer=optimizer, activations=acts,
-                                   buffers=buffers))
+                                   logits=logits, buffers=buffers))
     return out
 
 
 def training_memory(spec: ModelSpec, layout: ParallelLayout, *, seq_len: float, micro_batch: float,
                     microbatches_in_flight: int | None = None, flash_attention: bool = True,
-                    offload_optimizer: bool = False, grad_dtype_bytes: float = 4, value_head: bool = False,
+                    offload_optimizer: bool = False, grad_dtype_bytes: float | None = None, value_head: bool = False,
                     dropout: bool = False) -> MemoryBreakdown:
     """Peak memory of one device in a training step, on the fullest pipeline stage.
 
-    weights bf16; gradients `grad_dtype_bytes` per parameter; optimizer 12 bytes per parameter;
+    weights bf16; gradients `grad_dtype_bytes` per parameter (None: the layout's grad_bytes); optimizer
+    12 bytes per parameter;
     ZeRO stages shard as in the module docstring; what the layout offloads to the host
     (`offload_optimizer`, `offload_params`; `offload_optimizer=True` here offloads all of the
     optimizer state) leaves the device (`_state_bytes`). Activations: the
     stage's layers times the micro-batches its schedule holds (`microbatches_in_flight`, the
     step's micro-batches per pipeline, caps the schedule's count), plus with full recomputation
-    one layer's full activations while it is recomputed, plus the output layer on the last stage.
+    one layer's full activations while it is recomputed, plus the output layer's inputs on the last
+    stage. Logits: the last stage's micro-batch over the full vocabulary (`logits_bytes`).
     Buffers: the fixed allowance plus, with ZeRO-3, the gathered layers.
     """
     stages = training_memory_stages(spec, layout, seq_len=seq_len, micro_batch=micro_batch,
@@ -408,10 +443,12 @@ def _forward_bytes_per_token(spec: ModelSpec, index: int, *, seq_len: float, tp:
 
 def inference_memory(spec: ModelSpec, layout: ParallelLayout, *, seq_len: float,
                      micro_batch: float, value_head: bool = False) -> MemoryBreakdown:
-    """A forward-only pass (reference or critic log-probs, rewards): weights plus the transient
-    activations of one layer (FlashAttention: no s x s scores) or, on the last stage, the fp32
-    logits if larger (none for a critic's or reward model's scalar head, `value_head`); no
-    gradients or optimizer state, and no KV cache kept across calls."""
+    """A forward-only pass (reference or policy log-probs, rewards): weights plus the transient
+    activations of one layer (FlashAttention: no s x s scores); on the last stage the micro-batch's
+    logits (`logits_bytes`; `value_head`: a critic or reward model's one number per token instead)
+    with the head's input, or the layers' working set where that is larger (the two are not live at
+    once: activations there are what the peak holds beyond the logits). No gradients or optimizer
+    state, and no KV cache kept across calls."""
     tokens = seq_len * micro_batch / layout.cp
     stages = []
     for s, layers in enumerate(stage_layers(spec, layout.pp)):
@@ -419,10 +456,14 @@ def inference_memory(spec: ModelSpec, layout: ParallelLayout, *, seq_len: float,
         weights = BF16_BYTES * (_sharded(p, data_parallel_groups(spec, layout)) if layout.zero == 3 else p.total)
         acts = tokens * max((_forward_bytes_per_token(spec, i, seq_len=seq_len, tp=layout.tp) for i in layers),
                             default=0.0)
-        if s == layout.pp - 1 and not value_head:
-            acts = max(acts, tokens * LOGIT_BYTES * spec.vocab / layout.tp)
+        logits = 0.0
+        if s == layout.pp - 1:
+            logits = logits_bytes(spec, tokens=tokens, tp=layout.tp, chunk=layout.logprob_chunk,
+                                  value_head=value_head)
+            head_input = tokens * BF16_BYTES * spec.hidden
+            acts = max(acts, head_input + logits) - logits
         buffers = BUFFER_BYTES + _zero3_working_set(spec, layout, s, 0.0)
-        stages.append(MemoryBreakdown(weights=weights, activations=acts, buffers=buffers))
+        stages.append(MemoryBreakdown(weights=weights, activations=acts, logits=logits, buffers=buffers))
     return max(stages, key=lambda m: m.total)
 
 

@@ -137,7 +137,7 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
     if not work.forward_only:
         split = memory.device_params(spec, layout)
         dense_params, expert_params = split.dense, split.expert
-        grad_bytes = 4.0  # fp32 main gradients
+        grad_bytes = float(layout.grad_bytes)  # the main gradients: fp32, or bf16 buffers
         dp_group = Group(dp * cp, tp)
         if layout.zero >= 1:
             sync = reduce_scatter_s(cluster, dense_params * grad_bytes, dp_group) + all_gather_s(

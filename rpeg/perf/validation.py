@@ -20,7 +20,8 @@ Assumptions the schema leaves open, the same for every entry:
   checked and printed with the entry's result (its note), and change no prediction.
 - RL entries: GRPO as NeMo-RL runs it: generation, policy logprobs, reference logprobs (its GRPO
   default reference_policy_kl_penalty is 0.01), training, refit; Megatron's distributed optimizer
-  (ZeRO-1) for training, its optimizer state moved to the host and back around generation through
+  (ZeRO-1) with bf16 gradient buffers (NEMO_RL_GRAD_BYTES) for training, its optimizer state moved
+  to the host and back around generation through
   pageable memory (NEMO_RL_PAGEABLE); one vLLM engine per `generation.tp x pp` devices; the reference's weights
   swapped in from the host (`reference_on_host`); sequence packing with micro-batches of
   `training.micro_batch` (1) and `training.logprob_batch` (NEMO_RL_LOGPROB_BATCH) maximum-length
@@ -58,6 +59,9 @@ RESPONSE_SIGMA = Factor(0.8, "log-normal shape of reasoning-response lengths: th
 
 NEMO_RL_KL = Factor(0.01, "NeMo-RL's GRPO default reference_policy_kl_penalty (grpo_math_1B.yaml): a reference "
                           "logprob pass every step")
+NEMO_RL_GRAD_BYTES = Factor(2, "NeMo-RL's Megatron configs set distributed_data_parallel_config.grad_reduce_in_fp32: "
+                               "false (examples/configs/grpo_math_1B_megatron.yaml, v0.3.0): Megatron-Core keeps "
+                               "its gradient buffers in the parameters' bf16")
 NEMO_RL_ZERO = Factor(1, "NeMo-RL's Megatron policy uses the distributed optimizer (use_distributed_optimizer: "
                          "true in its Megatron configs): optimizer state sharded over data parallelism, ZeRO-1")
 NEMO_RL_LOGPROB_BATCH = Factor(4, "NeMo-RL's default policy.logprob_batch_size (grpo_math_1B.yaml at v0.5.0, the "
@@ -329,6 +333,7 @@ def nemo_rl_plan(run: NemoRlRun, where: str):
         if s.kind.value in ("infer", "train") or (s.kind.value == "reward" and s.model):
             train = s.kind.value == "train"
             extra = {"zero": NEMO_RL_ZERO.value, "recompute": run.training["recompute"],
+                     "grad_bytes": int(NEMO_RL_GRAD_BYTES.value),
                      "pageable": NEMO_RL_PAGEABLE} if train else {}
             mb = run.training["micro_batch" if train else "logprob_batch"]
             g = parallelize(g, s.name, **lay, **extra, micro_batch=mb, packing=run.training["packing"])
