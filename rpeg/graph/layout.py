@@ -14,6 +14,11 @@ from rpeg.errors import RpegError
 from rpeg.graph.bounds import MAX_GPUS
 
 Recompute = Literal["none", "selective", "full"]
+# how a pass gets its log-probs from the logits (ParallelLayout.logits); rpeg/perf/logits.py holds each
+# path's bytes and the system whose code it counts. RPEG's own runtime's path first: the default
+LOGITS_PATHS = ("fp32-logsoftmax", "distributed-logprob", "softmax-inplace", "fused-ce", "fp32-ce", "bf16-ce",
+                "bf16-ce-entropy", "chunked-logsoftmax", "fused-linear")
+DEFAULT_LOGITS = LOGITS_PATHS[0]
 # the parts of a trainer's state on each device (rpeg.perf.memory.MemoryBreakdown's names)
 STATE_PARTS = ("weights", "gradients", "optimizer")
 # the host copies a trainer makes, by part and direction (out: device to host, in: host to device);
@@ -81,11 +86,13 @@ class ParallelLayout:
     with .cpu().pin_memory(): ["weights-out"]; DeepSpeed with pin_memory false and Megatron-Core's
     --no-pin-cpu-grads / --no-pin-cpu-params: ["gradients-out", "weights-in"] (rpeg/perf/offload.py).
 
-    logprob_chunk: tokens whose full-vocabulary logits a training or log-prob pass holds at once
-    (rpeg/perf/memory.py, `logits_bytes`). 0 (the default): the whole micro-batch, as Megatron's
-    GPTModel called without labels, NeMo-RL's DistributedLogprob, slime and verl without fused kernels
-    do; N: the head and the log-softmax run fused over chunks of N tokens (verl's
-    `use_fused_kernels: true`, FusedLinearForPPO's chunk_size 512; prime-rl's chunked log-probs).
+    logits: how a training or log-prob pass turns the last stage's hidden states into log-probs, which
+    sets the bytes its full-vocabulary logits hold (rpeg/perf/logits.py counts each path tensor by
+    tensor from the system's code; LOGITS_PATHS lists them). The default, "fp32-logsoftmax", is what
+    RPEG's own runtime does (rpeg/runtime/trainer.py: log_softmax over an fp32 copy of the logits);
+    the importers set the peers' ("bf16-ce": verl's FSDP actor; "fused-linear": verl's
+    use_fused_kernels; "fused-ce": Megatron's vocab-parallel cross-entropy; "fp32-ce": OpenRLHF;
+    "distributed-logprob": NeMo-RL; "chunked-logsoftmax": AReaL; "softmax-inplace": slime).
     grad_bytes: bytes per parameter of a trainer's main gradients: 4, fp32 (Megatron-Core's
     grad_reduce_in_fp32 default, FSDP with an fp32 reduce dtype); 2, bf16 gradient buffers (NeMo-RL's
     Megatron configs set grad_reduce_in_fp32: false).
@@ -107,7 +114,7 @@ class ParallelLayout:
     offload_params: bool = False
     resident: tuple[str, ...] = ()
     pageable: tuple[str, ...] = ()
-    logprob_chunk: int = 0
+    logits: str = DEFAULT_LOGITS
     grad_bytes: int = 4
 
     def __post_init__(self) -> None:
@@ -115,9 +122,9 @@ class ParallelLayout:
                if getattr(self, f) < 1]
         if bad:
             raise RpegError(f"parallel layout: {', '.join(bad)} must be >= 1")
-        if isinstance(self.logprob_chunk, bool) or not isinstance(self.logprob_chunk, int) or self.logprob_chunk < 0:
-            raise RpegError(f"parallel layout: logprob_chunk = {self.logprob_chunk!r} must be a whole number of tokens "
-                            ">= 0 (0: the whole micro-batch's logits at once)")
+        if self.logits not in LOGITS_PATHS:
+            raise RpegError(f"parallel layout: logits = {self.logits!r} is not a logits path; the paths are "
+                            f"{', '.join(LOGITS_PATHS)} (rpeg/perf/logits.py says what each holds)")
         if self.grad_bytes not in (2, 4) or isinstance(self.grad_bytes, bool):
             raise RpegError(f"parallel layout: grad_bytes = {self.grad_bytes!r} must be 4 (fp32 main gradients) or 2 "
                             "(bf16: Megatron's grad_reduce_in_fp32 false)")
@@ -194,6 +201,6 @@ class ParallelLayout:
             parts.append("pageable=" + "+".join(self.pageable))
         if self.grad_bytes != 4:
             parts.append(f"grad{8 * self.grad_bytes}")
-        if self.logprob_chunk:
-            parts.append(f"logprob-chunk{self.logprob_chunk}")
+        if self.logits != DEFAULT_LOGITS:
+            parts.append(f"logits={self.logits}")
         return " ".join(parts) or "single device"

@@ -4,13 +4,15 @@ Checked in the manner of torchtitan's ParallelDims, with every factor in the mes
 product dp*tp*pp*cp equals the devices of the stage's group; tp divides the attention heads
 (and divides or is a multiple of the kv heads); pp divides the layers; ep divides the experts
 and dp*cp*tp; ZeRO, recomputation and offload (offload_optimizer, offload_params, resident, pageable:
-see ParallelLayout) apply to training only.
+see ParallelLayout) apply to training only; logits names how a training or log-prob pass computes its
+log-probs (rpeg/perf/logits.py).
 """
 
 from __future__ import annotations
 
 from rpeg.errors import RpegError
 from rpeg.graph import Graph, ParallelLayout
+from rpeg.graph.layout import DEFAULT_LOGITS
 from rpeg.graph.verify import layout_problems
 from rpeg.passes.base import call_text, finish, refuse
 
@@ -20,18 +22,20 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                 pp_interleave: int = 1, pp_uneven: bool = False, micro_batch: int = 1,
                 packing: bool = True, offload_optimizer: float | bool = 0.0, offload_params: bool = False,
                 resident: list[str] | tuple[str, ...] = (),
-                pageable: list[str] | tuple[str, ...] = (), logprob_chunk: int = 0, grad_bytes: int = 4) -> Graph:
+                pageable: list[str] | tuple[str, ...] = (), logits: str = DEFAULT_LOGITS, grad_bytes: int = 4) -> Graph:
     call = call_text("parallelize", stage=stage, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero,
                      recompute=recompute)
     if stage not in graph.stage_names:
         raise refuse(call, f"no stage {stage!r} (stages: {', '.join(graph.stage_names)})")
     degrees = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, pp_interleave=pp_interleave, micro_batch=micro_batch,
-                   logprob_chunk=logprob_chunk, grad_bytes=grad_bytes)
+                   grad_bytes=grad_bytes)
     wrong = [f"{k} = {v!r}" for k, v in degrees.items() if isinstance(v, bool) or not isinstance(v, int)]
     wrong += [f"{k} = {v!r}" for k, v in (("sequence_parallel", sequence_parallel), ("pp_uneven", pp_uneven),
                                           ("packing", packing)) if not isinstance(v, bool)]
     if not isinstance(recompute, str):
         wrong.append(f"recompute = {recompute!r}")
+    if not isinstance(logits, str):
+        wrong.append(f"logits = {logits!r}")
     if not isinstance(offload_params, bool):
         wrong.append(f"offload_params = {offload_params!r}")
     if not isinstance(offload_optimizer, (bool, int, float)):
@@ -40,13 +44,13 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
         if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value):
             wrong.append(f"{name} = {value!r}")
     if wrong:
-        raise refuse(call, "expected whole numbers, true/false, a recompute name, an offload fraction and lists of "
-                           "state parts or host copies: " + ", ".join(wrong))
+        raise refuse(call, "expected whole numbers, true/false, a recompute name, a logits path, an offload fraction "
+                           "and lists of state parts or host copies: " + ", ".join(wrong))
     try:
         layout = ParallelLayout(**degrees, recompute=recompute, sequence_parallel=sequence_parallel,
                                 pp_uneven=pp_uneven, packing=packing, offload_optimizer=offload_optimizer,
                                 offload_params=offload_params, resident=tuple(resident),
-                                pageable=tuple(pageable))
+                                pageable=tuple(pageable), logits=logits)
     except RpegError as e:
         raise refuse(call, str(e)) from None
     new = graph.stage(stage).replace(layout=layout)

@@ -21,12 +21,13 @@ L(1 + (pp-1)/(pp v)) layers' worth (Korthikanti section 4.2.2). Memory is comput
 (the first one holds the embedding and the most micro-batches; the last one holds the output head
 and the logits) and the fullest stage is what `training_memory` returns.
 
-Logits (`MemoryBreakdown.logits`, `logits_bytes`): a training or log-prob pass turns every token of its
-micro-batch into full-vocabulary logits, and the unfused path keeps several [tokens, vocab/tp] tensors
-at once, most of them fp32 (LOGPROB_BYTES). With long multi-turn sequences and 150-250k vocabularies
-this is the largest transient of the pass (slime issue #2253: 11.6k tokens x 248,320 x 4 bytes = 10.8 GB
-for one fp32 copy). Systems that fuse the head with the log-softmax in chunks of tokens
-(ParallelLayout.logprob_chunk) keep one chunk's worth instead.
+Logits (`MemoryBreakdown.logits`, rpeg/perf/logits.py): a training or log-prob pass turns every token of
+its micro-batch into full-vocabulary logits, and the path the system takes from them to log-probs
+(ParallelLayout.logits) sets the bytes each (token, vocab/tp) entry holds at the pass's peak: from 2
+(verl's bf16 logits with flash-attn's in-place cross-entropy) to 12 (NeMo-RL's DistributedLogprob), or
+one chunk's worth where the head is fused with the log-softmax (verl's use_fused_kernels). With long
+multi-turn sequences and 150-250k vocabularies this is the largest transient of the pass (slime issue
+#2253: 11.6k tokens x 248,320 x 4 bytes = 10.8 GB for one fp32 copy).
 
 Where a figure is a choice rather than a formula, the constant below says why. Tests:
 tests/perf/test_perf_memory.py (hand-worked values, the paper's Table 2) and
@@ -41,21 +42,12 @@ from dataclasses import dataclass, fields
 from rpeg.errors import RpegError
 from rpeg.graph.layout import ParallelLayout
 from rpeg.graph.model import ModelSpec
-from rpeg.perf.efficiency import Factor
+from rpeg.perf.logits import logits_bytes
 
 GB = 1e9
 GIB = 2.0**30
 BF16_BYTES = 2
 ADAM_BYTES_PER_PARAM = 12  # fp32 master weights + first and second moments (ZeRO paper, section 3.1)
-LOGIT_BYTES = 4  # one fp32 copy of the logits (Megatron's Float16Module upcasts the head's output; Korthikanti 4.3)
-LOGPROB_BYTES = Factor(14, "bytes per token and vocabulary entry (of vocab/tp) live at the peak of an unfused "
-                           "log-prob: the head's bf16 output (2), its fp32 upcast (4), and two fp32 results of "
-                           "the vocab-parallel log-softmax (4 + 4: the max-shifted logits then the log-probs, "
-                           "the log-probs then the softmax kept for the backward). NeMo-RL's DistributedLogprob "
-                           "(nemo_rl/distributed/model_utils.py) on Megatron's upcast output; slime's "
-                           "calculate_log_probs_and_entropy clones the fp32 logits and subtracts the max out of "
-                           "place (issues #2253, #1951: 58 GiB for one clone); verl's FSDP path without "
-                           "use_fused_kernels materialises the logits of the whole micro-batch too")
 LSE_BYTES = 4  # FlashAttention keeps one fp32 log-sum-exp per (head, query) for the backward pass
 # A fixed allowance per device for what no tensor formula sees; an estimate from its parts, not a
 # measurement: about 1 GiB of CUDA context with the kernel images of PyTorch, cuBLAS and cuDNN
@@ -290,20 +282,6 @@ def head_activation_bytes(spec: ModelSpec, *, seq_len: float, micro_batch: float
     return tokens * 2 * BF16_BYTES * spec.hidden / (tp if sequence_parallel else 1)
 
 
-def logits_bytes(spec: ModelSpec, *, tokens: float, tp: int = 1, chunk: int = 0, value_head: bool = False) -> float:
-    """Peak bytes of the logits of one micro-batch of `tokens` tokens per device (after cp) on the last
-    pipeline stage: tokens x vocab/tp x LOGPROB_BYTES (the head's bf16 output, its fp32 upcast and the
-    log-softmax's fp32 results, live together). Korthikanti's 4 bytes (section 4.3) are the fp32 copy
-    a fused cross-entropy keeps for the backward; an RL log-prob or loss over the full vocabulary holds
-    more. `chunk` > 0: the head and the log-softmax run fused over chunks of that many tokens (verl's
-    use_fused_kernels, FusedLinearForPPO with chunk_size 512; prime-rl's chunked_selective_log_softmax),
-    so only one chunk's logits exist at a time. A critic's value head has no vocabulary logits."""
-    if value_head:
-        return 0.0
-    live = min(tokens, chunk) if chunk > 0 else tokens
-    return live * spec.vocab / tp * LOGPROB_BYTES.value
-
-
 def _chunks_in_flight(pp: int, v: int, rank: int, microbatches: int | None) -> float:
     """Micro-batches' worth of a stage's layers that pipeline rank `rank` holds at its peak.
 
@@ -391,7 +369,7 @@ def training_memory_stages(spec: ModelSpec, layout: ParallelLayout, *, seq_len: 
         if s == pp - 1:  # the output layer runs one micro-batch at a time
             acts += head_activation_bytes(spec, seq_len=seq_len, micro_batch=micro_batch, tp=tp,
                                           sequence_parallel=sp, cp=cp)
-            logits = logits_bytes(spec, tokens=tokens, tp=tp, chunk=layout.logprob_chunk, value_head=value_head)
+            logits = logits_bytes(spec, tokens=tokens, tp=tp, path=layout.logits, train=True, value_head=value_head)
         buffers = BUFFER_BYTES + _zero3_working_set(spec, layout, s, grad_dtype_bytes)
         out.append(MemoryBreakdown(weights=weights, gradients=grads, optimizer=optimizer, activations=acts,
                                    logits=logits, buffers=buffers))
@@ -458,8 +436,7 @@ def inference_memory(spec: ModelSpec, layout: ParallelLayout, *, seq_len: float,
                             default=0.0)
         logits = 0.0
         if s == layout.pp - 1:
-            logits = logits_bytes(spec, tokens=tokens, tp=layout.tp, chunk=layout.logprob_chunk,
-                                  value_head=value_head)
+            logits = logits_bytes(spec, tokens=tokens, tp=layout.tp, path=layout.logits, value_head=value_head)
             head_input = tokens * BF16_BYTES * spec.hidden
             acts = max(acts, head_input + logits) - logits
         buffers = BUFFER_BYTES + _zero3_working_set(spec, layout, s, 0.0)

@@ -14,13 +14,15 @@ impossible: a memory-model error, reported by name); mean errors are over the en
 Assumptions the schema leaves open, the same for every entry:
 - training entries default to what Megatron-LM 2022 ran: unfused attention (their Table 5
   predates FlashAttention in Megatron), fp16, the distributed optimizer off (dp = 1 in every row);
-  an entry of another stack says `dtype`, `flash_attention` and `zero` (TRAIN_OPTIONS).
+  an entry of another stack says `dtype`, `flash_attention` and `zero` (TRAIN_OPTIONS). The loss is
+  Megatron's vocab-parallel cross-entropy (MEGATRON_LOGITS).
 - training entries' run conditions that the cost model has no mechanism for yet (`routing`,
   `cuda_graphs`, `dispatcher`, `ep_overlap`, `packing`, and `etp` beyond its check) are parsed,
   checked and printed with the entry's result (its note), and change no prediction.
 - RL entries: GRPO as NeMo-RL runs it: generation, policy logprobs, reference logprobs (its GRPO
   default reference_policy_kl_penalty is 0.01), training, refit; Megatron's distributed optimizer
-  (ZeRO-1) with bf16 gradient buffers (NEMO_RL_GRAD_BYTES) for training, its optimizer state moved
+  (ZeRO-1) with bf16 gradient buffers (NEMO_RL_GRAD_BYTES) for training, log-probs by its
+  DistributedLogprob (NEMO_RL_LOGITS), its optimizer state moved
   to the host and back around generation through
   pageable memory (NEMO_RL_PAGEABLE); one vLLM engine per `generation.tp x pp` devices; the reference's weights
   swapped in from the host (`reference_on_host`); sequence packing with micro-batches of
@@ -57,6 +59,12 @@ PROMPT_TOKENS = Factor(150, "OpenMathInstruct-2 problems (GSM8K/MATH-style state
 RESPONSE_SIGMA = Factor(0.8, "log-normal shape of reasoning-response lengths: the p90/p50 ratio of about 2.8 seen "
                              "in published GRPO length histograms")
 
+# the logits paths (rpeg/perf/logits.py): Megatron's pretraining and SFT loss is its vocab-parallel cross-entropy
+# over the fp32 copy it makes in place (GPTModel with labels; the native fused and unfused versions hold the same);
+# NeMo-RL's log-probs are DistributedLogprob's over Megatron's fp32-upcast output (defer_fp32_logits false, its
+# default; logprob_chunk_size unset in the published configs)
+MEGATRON_LOGITS = "fused-ce"
+NEMO_RL_LOGITS = "distributed-logprob"
 NEMO_RL_KL = Factor(0.01, "NeMo-RL's GRPO default reference_policy_kl_penalty (grpo_math_1B.yaml): a reference "
                           "logprob pass every step")
 NEMO_RL_GRAD_BYTES = Factor(2, "NeMo-RL's Megatron configs set distributed_data_parallel_config.grad_reduce_in_fp32: "
@@ -216,7 +224,7 @@ def predict_training(entry: dict, models: dict[str, ModelSpec], where: str) -> R
         raise RpegError(f"{where}.sequence_parallel: true needs tp > 1")
     layout = ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, recompute=recompute, sequence_parallel=sp,
                             pp_interleave=_get(entry, "pp_interleave", where, 1), pp_uneven=bool(spec.layers % pp),
-                            zero=zero, offload_optimizer=float(offload))
+                            zero=zero, offload_optimizer=float(offload), logits=MEGATRON_LOGITS)
     cluster = load_cluster(_need(entry, "system", where, str), gpus)
     seq, batch = _need(entry, "seq", where), _need(entry, "global_batch", where)
     micro = _need(entry, "micro_batch", where)
@@ -336,7 +344,8 @@ def nemo_rl_plan(run: NemoRlRun, where: str):
                      "grad_bytes": int(NEMO_RL_GRAD_BYTES.value),
                      "pageable": NEMO_RL_PAGEABLE} if train else {}
             mb = run.training["micro_batch" if train else "logprob_batch"]
-            g = parallelize(g, s.name, **lay, **extra, micro_batch=mb, packing=run.training["packing"])
+            g = parallelize(g, s.name, **lay, **extra, micro_batch=mb, packing=run.training["packing"],
+                            logits=NEMO_RL_LOGITS)
     g = refit(g, "full")  # NeMo-RL's refit gathers every tensor in full (refit_utils.gather_params)
     g = keep_reference_on_host(g)  # the reference's weights wait on the host (use_reference_model)
     return g, load_cluster(run.system, gpus)
