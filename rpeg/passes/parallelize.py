@@ -6,12 +6,16 @@ product dp*tp*pp*cp equals the devices of the stage's group; tp divides the atte
 and dp*cp*tp; ZeRO, recomputation and offload (offload_optimizer, offload_params, resident, pageable:
 see ParallelLayout) apply to training only; an MoE stage's dispatcher, ep_overlap, cuda_graphs,
 routing and capacity_factor say how its experts run (ParallelLayout; rpeg/perf/moe.py prices them).
+logits names how a training or log-prob pass computes its log-probs (rpeg/perf/logits.py); the
+Megatron-Core recipe options (recompute_modules, recompute_layers, offload_activation_layers,
+grad_dtype, optimizer_moments, pp_embedding_loss_slots) are ParallelLayout's (rpeg/perf/recipe_options.py).
 """
 
 from __future__ import annotations
 
 from rpeg.errors import RpegError
 from rpeg.graph import Graph, ParallelLayout
+from rpeg.graph.layout import DEFAULT_LOGITS
 from rpeg.graph.verify import layout_problems
 from rpeg.passes.base import call_text, finish, refuse
 
@@ -23,7 +27,10 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                 resident: list[str] | tuple[str, ...] = (),
                 pageable: list[str] | tuple[str, ...] = (), dispatcher: str = "alltoall",
                 ep_overlap: bool = False, cuda_graphs: str = "none", routing: str = "balanced",
-                capacity_factor: float = 0.0) -> Graph:
+                capacity_factor: float = 0.0, logits: str = DEFAULT_LOGITS, grad_dtype: str = "fp32",
+                recompute_modules: list[str] | tuple[str, ...] = (), recompute_layers: int = 0,
+                offload_activation_layers: int = 0, optimizer_moments: str = "fp32",
+                pp_embedding_loss_slots: bool = False) -> Graph:
     call = call_text("parallelize", stage=stage, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero,
                      recompute=recompute)
     if stage not in graph.stage_names:
@@ -37,6 +44,10 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                         ("routing", routing)):
         if not isinstance(value, str):
             wrong.append(f"{name} = {value!r}")
+    if not isinstance(logits, str):
+        wrong.append(f"logits = {logits!r}")
+    if not isinstance(grad_dtype, str):
+        wrong.append(f"grad_dtype = {grad_dtype!r}")
     if not isinstance(offload_params, bool):
         wrong.append(f"offload_params = {offload_params!r}")
     if not isinstance(offload_optimizer, (bool, int, float)):
@@ -48,13 +59,17 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
             wrong.append(f"{name} = {value!r}")
     if wrong:
         raise refuse(call, "expected whole numbers, true/false, recompute / dispatcher / cuda_graphs / routing names, "
-                           "an offload fraction and lists of state parts or host copies: " + ", ".join(wrong))
+                           "a logits path, an offload fraction and lists of state parts or host copies: "
+                           + ", ".join(wrong))
     try:
         layout = ParallelLayout(**degrees, recompute=recompute, sequence_parallel=sequence_parallel,
                                 pp_uneven=pp_uneven, packing=packing, offload_optimizer=offload_optimizer,
                                 offload_params=offload_params, resident=tuple(resident),
                                 pageable=tuple(pageable), dispatcher=dispatcher, ep_overlap=ep_overlap,
-                                cuda_graphs=cuda_graphs, routing=routing, capacity_factor=capacity_factor)
+                                cuda_graphs=cuda_graphs, routing=routing, capacity_factor=capacity_factor,
+                                logits=logits, grad_dtype=grad_dtype, recompute_modules=tuple(recompute_modules),
+                                recompute_layers=recompute_layers, offload_activation_layers=offload_activation_layers,
+                                optimizer_moments=optimizer_moments, pp_embedding_loss_slots=pp_embedding_loss_slots)
     except RpegError as e:
         raise refuse(call, str(e)) from None
     new = graph.stage(stage).replace(layout=layout)

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from rpeg.graph import Graph, Kind, ParallelLayout, Stage
+from rpeg.graph.layout import DEFAULT_LOGITS
 from rpeg.graph.verify import layout_problems
 from rpeg.hardware.topology import Cluster
 from rpeg.perf.cost import StageCost
@@ -42,6 +43,9 @@ class LayoutOptions:
     # tried in a shape only when nothing without offload fits in it (rpeg/perf/offload.py). RPEG's
     # own search turns it on; the peers' baselines keep their systems' defaults (no offload)
     offload: bool = False
+    # the path from logits to log-probs of the passes of a model with vocabulary logits (ParallelLayout.logits,
+    # rpeg/perf/logits.py): RPEG's own runtime's, or the path a peer's code takes
+    logits: str = DEFAULT_LOGITS
 
 
 @dataclass
@@ -83,6 +87,7 @@ def candidates(graph: Graph, stage: Stage, devices: int, node: int, opts: Layout
     cps = opts.train_cp if train else (1,)
     zeros = opts.zero if train else opts.infer_zero
     recs = opts.recompute if train else ("none",)
+    logits = opts.logits if "lm" in graph.model(stage.model).heads else DEFAULT_LOGITS
     for tp in tps:
         for pp in pps:
             for cp in cps:
@@ -98,7 +103,7 @@ def candidates(graph: Graph, stage: Stage, devices: int, node: int, opts: Layout
                             sp = opts.sequence_parallel and tp > 1 and (train or infer)
                             lay = ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, recompute=rec,
                                                  sequence_parallel=sp, pp_uneven=bool(spec.layers % pp),
-                                                 micro_batch=opts.micro_batch, packing=opts.packing)
+                                                 micro_batch=opts.micro_batch, packing=opts.packing, logits=logits)
                             out.append(lay)
                             if train and opts.offload:
                                 out.append(lay.replace(offload_optimizer=1.0))

@@ -67,9 +67,10 @@ def test_a_trained_model_and_two_frozen_ones_add_up_by_hand():
     assert held["reward weights (reward)"] == pytest.approx(2 * pr)
     resident = sum(h.bytes for h in train.lines if h.resident)
     assert resident == pytest.approx(10 * P + 2 * pr) and resident / GB == pytest.approx(95.31, abs=0.01)
-    # on top: the training pass's own transient, as its stage costs it (activations and buffers)
+    # on top: the training pass's own transient, as its stage costs it (activations, logits, buffers)
     own = dict(pred.stages["actor_update"].memory_parts)
-    assert train.peak_bytes == pytest.approx(10 * P + 2 * pr + own["activations"] + own["buffers"])
+    transient = sum(v for k, v in own.items() if k not in ("weights", "gradients", "optimizer"))
+    assert own["logits"] > 0 and train.peak_bytes == pytest.approx(10 * P + 2 * pr + transient)
     assert not train.fits and not pred.fits and pred.oom == [train]
     assert "'train' (GPUs 2-7)" in train.describe() and "ref weights (ref_logprobs)" in train.describe()
     # the engine's devices hold only the engine, all step (it never sleeps: nothing is costed to wake it)
