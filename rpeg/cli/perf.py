@@ -74,7 +74,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
             "fits": pred.fits, "bottleneck": pred.bottleneck, "cost_usd_per_step": cluster.usd(gpus, pred.step_s) if pred.fits else None,
             "stages": [{"stage": n, "devices": w, "layout": lay, "seconds": c.seconds if c.fits else None,
                         "parts": {k: v for k, v in c.parts if v < float("inf")},
-                        "peak_memory_gb": c.peak_memory_bytes / 1e9, "fits": c.fits} for n, w, lay, c in rows],
+                        "peak_memory_gb": c.peak_memory_bytes / 1e9,
+                        "memory_gb": {k: v / 1e9 for k, v in c.memory_parts}, "fits": c.fits} for n, w, lay, c in rows],
             "memory": [_memory_json(m) for m in pred.memory]})
         if not pred.fits:
             raise DoesNotFit(f"the plan does not fit in memory on {len(pred.oom)} device group(s): \"memory\" in the "

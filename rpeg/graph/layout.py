@@ -14,6 +14,11 @@ from rpeg.errors import RpegError
 from rpeg.graph.bounds import MAX_GPUS
 
 Recompute = Literal["none", "selective", "full"]
+# how a pass gets its log-probs from the logits (ParallelLayout.logits); rpeg/perf/logits.py holds each
+# path's bytes and the system whose code it counts. RPEG's own runtime's path first: the default
+LOGITS_PATHS = ("fp32-logsoftmax", "distributed-logprob", "softmax-inplace", "fused-ce", "fp32-ce", "bf16-ce",
+                "bf16-ce-entropy", "chunked-logsoftmax", "fused-linear")
+DEFAULT_LOGITS = LOGITS_PATHS[0]
 # the parts of a trainer's state on each device (rpeg.perf.memory.MemoryBreakdown's names)
 STATE_PARTS = ("weights", "gradients", "optimizer")
 # the host copies a trainer makes, by part and direction (out: device to host, in: host to device);
@@ -117,6 +122,14 @@ class ParallelLayout:
     shapes: no device-to-host sync, and no rank above the capacity. The defaults are what the model
     assumed before these knobs: per-(token, expert) all-to-all, not overlapped, no graphs, balanced,
     dropless.
+
+    logits: how a training or log-prob pass turns the last stage's hidden states into log-probs, which
+    sets the bytes its full-vocabulary logits hold (rpeg/perf/logits.py counts each path tensor by
+    tensor from the system's code; LOGITS_PATHS lists them). The default, "fp32-logsoftmax", is what
+    RPEG's own runtime does (rpeg/runtime/trainer.py: log_softmax over an fp32 copy of the logits);
+    the importers set the peers' ("bf16-ce": verl's FSDP actor; "fused-linear": verl's
+    use_fused_kernels; "fused-ce": Megatron's vocab-parallel cross-entropy; "fp32-ce": OpenRLHF;
+    "distributed-logprob": NeMo-RL; "chunked-logsoftmax": AReaL; "softmax-inplace": slime).
     """
 
     dp: int = 1
@@ -146,12 +159,16 @@ class ParallelLayout:
     cuda_graphs: str = "none"
     routing: str = "balanced"
     capacity_factor: float = 0.0
+    logits: str = DEFAULT_LOGITS
 
     def __post_init__(self) -> None:
         bad = [f"{f} = {getattr(self, f)}" for f in ("dp", "tp", "pp", "cp", "ep", "pp_interleave", "micro_batch")
                if getattr(self, f) < 1]
         if bad:
             raise RpegError(f"parallel layout: {', '.join(bad)} must be >= 1")
+        if self.logits not in LOGITS_PATHS:
+            raise RpegError(f"parallel layout: logits = {self.logits!r} is not a logits path; the paths are "
+                            f"{', '.join(LOGITS_PATHS)} (rpeg/perf/logits.py says what each holds)")
         if self.zero not in (0, 1, 2, 3):
             raise RpegError(f"parallel layout: zero = {self.zero} must be 0, 1, 2 or 3")
         if self.recompute not in ("none", "selective", "full"):
@@ -274,6 +291,8 @@ class ParallelLayout:
         if self.pageable:
             parts.append("pageable=" + "+".join(self.pageable))
         parts += self.recipe_options()
+        if self.logits != DEFAULT_LOGITS:
+            parts.append(f"logits={self.logits}")
         return " ".join(parts) or "single device"
 
     def recipe_options(self) -> list[str]:

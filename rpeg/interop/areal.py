@@ -12,7 +12,8 @@ The mapping:
   actor's training engine on the next (AReaL separates them unless told to colocate); the
   reference and the critic colocated with the actor when their scheduling strategy says so, else
   on devices of their own. FSDP is ZeRO-3 (tp and cp as given), Megatron ZeRO-1 with tp, pp, cp,
-  ep. `actor.gradient_checkpointing` is full recomputation; `mb_spec.max_tokens_per_mb` is the
+  ep; the actor's and the reference's logits path chunked-logsoftmax (gather_logprobs,
+  rpeg/perf/logits.py). `actor.gradient_checkpointing` is full recomputation; `mb_spec.max_tokens_per_mb` is the
   packed micro-batch's token budget (over the longest sequence). `rollout.max_head_offpolicyness`
   is the async bound k, and AReaL's rollout is interruptible: k >= 1 is a partial rollout
   (rpeg/search/baselines/areal.py models the same).
@@ -245,6 +246,9 @@ def read(text: str, source: str, *, model: str | None = None, response_mean: flo
             layouts[st] = s.replace(zero=s.zero if train else (0 if backend == "megatron" else 3), recompute=r,
                                     micro_batch=micro(role))
             assign[st] = group
+    for st in LOGITS_STAGES:
+        if st in layouts:
+            layouts[st] = layouts[st].replace(logits=LOGITS)
     names = stage_names(algorithm, critic=has_critic, reference=uses_ref, reward_model=False, share=False)
     k = whole("rollout.max_head_offpolicyness", 0, minimum=0)
     n_nodes, per_node = get("cluster.n_nodes"), get("cluster.n_gpus_per_node")
@@ -269,6 +273,13 @@ def read(text: str, source: str, *, model: str | None = None, response_mean: flo
 
 
 # ---- what AReaL can run ---------------------------------------------------------------------------
+
+# gather_logprobs (areal/utils/functional/vocab_parallel.py): the model's bf16 logits, log-softmax over fp32 slices
+# of 1,024 tokens (rpeg/perf/logits.py "chunked-logsoftmax", counted from its FSDP path; the Megatron engine's
+# vocab-parallel slices are read as the same). No key changes it: read into these stages, written back as is
+LOGITS = "chunked-logsoftmax"
+LOGITS_STAGES = ("actor_update", "actor_logprobs", "ref_logprobs")
+
 
 def project(view: PlanView) -> tuple[PlanView, list[str]]:
     """The plan as AReaL can run it, and one line for each thing changed to get there."""
@@ -324,6 +335,8 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
             want = ParallelLayout(dp=lo.dp * lo.pp, tp=lo.tp, cp=lo.cp,
                                   zero=3, micro_batch=lo.micro_batch,
                                   recompute=("full" if lo.recompute != "none" else "none") if train else "none")
+        if s in LOGITS_STAGES:
+            want = want.replace(logits=LOGITS)
         if want != lo and not s.startswith("generate"):
             lines.append(f"{s} laid out as {lo.describe()}: AReaL's {'Megatron' if megatron else 'FSDP'} backend "
                          f"runs {want.describe()}")

@@ -33,7 +33,9 @@ The mapping (sources: train_ppo_ray.py's parser and the checks after it; trainer
   as cp, `--actor.gradient_checkpointing_enable` (actor and critic) as full recomputation,
   `--train.micro_batch_size` and `--rollout.micro_batch_size` as micro-batches,
   `--ds.packing_samples` as packing (`--train.dynamic_batch_enable`: `--train.max_tokens_per_gpu`
-  over the longest sequence, packed); `--ref.offload` keeps the reference on the host;
+  over the longest sequence, packed); the logits path of the actor and the reference is fp32-ce
+  (Actor.forward's fp32 copy and flash-attn's cross-entropy: rpeg/perf/logits.py); `--ref.offload`
+  keeps the reference on the host;
   `--ds.adam_offload` (older `--adam_offload`) keeps the actor's and the critic's optimizer on the
   host with its Adam step (offload_optimizer = 1, rpeg/perf/offload.py). With the engines on the
   trainers' GPUs, `--ds.enable_sleep` moves the trainers' optimizer state to pinned host memory around

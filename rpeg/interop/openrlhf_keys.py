@@ -25,6 +25,11 @@ ESTIMATORS = {"gae": "ppo", "group_norm": "grpo", "rloo": "rloo", "reinforce": "
 CORRECTIONS = {("token", "clip"): "tis", ("token", "mask"): "decoupled", ("seq", "mask"): "mask-seq"}
 # the corrections written back, which OpenRLHF computes exactly with the threshold `0 is_cap`
 EXPORTS = {"tis": ("token", "clip"), "decoupled": ("token", "mask")}
+# Actor.forward's log-probs (openrlhf/models/actor.py): the logits copied to fp32, then flash-attn's cross-entropy
+# (rpeg/perf/logits.py "fp32-ce"); the same code for the policy's update, its log-prob pass and the reference.
+# No flag changes it: read into those stages' layouts and written back as is
+LOGITS = "fp32-ce"
+LOGITS_STAGES = ("actor_update", "actor_logprobs", "ref_logprobs")
 
 # the parser's defaults for the flags read here (train_ppo_ray.py, 0.11.2); None: no default
 DEFAULTS: dict[str, Any] = {

@@ -20,7 +20,7 @@ from rpeg.interop.common import (
 )
 from rpeg.interop.openrlhf_flags import old_flags, translate
 from rpeg.interop.openrlhf_keys import (
-    CORRECTIONS, DEFAULTS, ENTRY, ESTIMATORS, FLAGS, FLOAT2, SYSTEM, _NOT_PLAN,
+    CORRECTIONS, DEFAULTS, ENTRY, ESTIMATORS, FLAGS, FLOAT2, LOGITS, LOGITS_STAGES, SYSTEM, _NOT_PLAN,
 )
 
 
@@ -339,6 +339,9 @@ def _from_args(args: dict[str, Any], source: str, *, model, response_mean, clust
         layouts["critic_update"] = shape("critic").replace(zero=zero, recompute=recompute, micro_batch=train_mb)
     if reward:
         layouts["reward"] = shape("reward").replace(zero=fz, micro_batch=fwd_mb)
+    for s in LOGITS_STAGES:
+        if s in layouts:
+            layouts[s] = layouts[s].replace(logits=LOGITS)
     host = _adam_offload(a)
     resident = _resident(a, zero) if colocate_all and not async_on else ()
     for s in ("actor_update", "critic_update"):

@@ -13,7 +13,7 @@ from rpeg.graph import ParallelLayout
 from rpeg.interop.common import (
     Exported, PlanView, colocate_all, config_tuple, defaults_of, hf_name, one_pass_each, resize,
 )
-from rpeg.interop.openrlhf_keys import ENTRY, ESTIMATORS, EXPORTS, SUFFIX, SYSTEM
+from rpeg.interop.openrlhf_keys import ENTRY, ESTIMATORS, EXPORTS, LOGITS, LOGITS_STAGES, SUFFIX, SYSTEM
 
 
 # ---- what OpenRLHF can run ------------------------------------------------------------------------
@@ -89,6 +89,10 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
             want = base.replace(zero=zero if train else fz, recompute=rec if train else "none",
                                 micro_batch=a.micro_batch if train else fwd, offload_optimizer=host if train else 0.0,
                                 resident=resident if train else ())
+            if s in LOGITS_STAGES:
+                want = want.replace(logits=LOGITS)
+                if s == "actor_update" and a.logits != LOGITS:
+                    lines.append(f"logits path {a.logits}: OpenRLHF's actor computes its log-probs as {LOGITS}")
         if want != lay[s] and s != "actor_update":
             if s not in ("generate", "generate_greedy") or lay[s].devices != want.devices or lay[s].pp > 1:
                 lines.append(f"{s} laid out as {lay[s].describe()}: OpenRLHF runs it as {want.describe()} (one "

@@ -36,13 +36,16 @@ The mapping, key by key:
   forward_micro_batch_size_per_gpu, or with use_dynamic_bsz the token budget
   ppo_max_token_len_per_gpu over the longest sequence; model.use_remove_padding is packing;
   model.enable_gradient_checkpointing is full recomputation; ref.fsdp_config.param_offload keeps
-  the reference on the host. Offload of the actor's and the critic's state (_offload_of, what each
-  key does: rpeg/perf/offload.py): fsdp_config.param_offload / optimizer_offload and
-  megatron.param_offload / grad_offload / optimizer_offload false keep that part resident through
-  generation (verl's defaults: all resident), fsdp_config.offload_policy (FSDP2) is offload_params,
-  optim.override_optimizer_config.optimizer_cpu_offload with optimizer_offload_fraction is
-  offload_optimizer. Generation: rollout.tensor_model_parallel_size (and
-  pipeline_model_parallel_size) over the group. The weight sync: FSDP gathers every tensor in
+  the reference on the host. The logits path of the actor's and the reference's passes
+  (rpeg/perf/logits.py): model.use_fused_kernels (or actor.use_fused_kernels) is fused-linear, and
+  is written back; without it Megatron's is fused-ce and FSDP's bf16-ce (bf16-ce-entropy for the
+  update when actor.calculate_entropy or entropy_coeff != 0). Offload of the actor's and the
+  critic's state (_offload_of, what each key does: rpeg/perf/offload.py): fsdp_config.param_offload
+  / optimizer_offload and megatron.param_offload / grad_offload / optimizer_offload false keep that
+  part resident through generation (verl's defaults: all resident), fsdp_config.offload_policy
+  (FSDP2) is offload_params, optim.override_optimizer_config.optimizer_cpu_offload with
+  optimizer_offload_fraction is offload_optimizer. Generation: rollout.tensor_model_parallel_size
+  (and pipeline_model_parallel_size) over the group. The weight sync: FSDP gathers every tensor in
   full, Megatron its shard (the 3D-HybridEngine), as rpeg/search/baselines/verl.py models it.
 
 What verl cannot express (`project`): critic sharing (verl trains its own critic), fusion,

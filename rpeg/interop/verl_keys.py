@@ -71,6 +71,8 @@ DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 1,
     # model/hf_model.yaml: use_remove_padding and enable_gradient_checkpointing are on by default
     "actor_rollout_ref.model.use_remove_padding": True, "actor_rollout_ref.model.enable_gradient_checkpointing": True,
+    # the logits path (verl_read._logits): model/hf_model.yaml's use_fused_kernels, actor.yaml's calculate_entropy
+    "actor_rollout_ref.model.use_fused_kernels": False, "actor_rollout_ref.actor.calculate_entropy": False,
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": None,
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": None,
     "actor_rollout_ref.ref.fsdp_config.param_offload": False,
@@ -181,7 +183,6 @@ _KEY_WHY = {
     "grad_clip": "gradient clipping does not change a step's cost in RPEG's model",
     "fsdp_size": "hybrid sharding (FSDP inside groups of this size, replicated across them) is not modelled: read as "
                  "ZeRO-3 over every data-parallel rank",
-    "use_fused_kernels": "fused kernels: RPEG's efficiency factors are per device and operation size, not per kernel",
     "enable_chunked_prefill": "the engine's scheduling: RPEG models vLLM-style continuous batching alike",
     "max_num_batched_tokens": "the engine's scheduling: RPEG models vLLM-style continuous batching alike",
     "use_reward_loop": "how the reward model is served: RPEG models it as a forward pass of its layout",

@@ -338,6 +338,10 @@ def _from_config(cfg: dict[str, Any], mode: str, megatron: bool, source: str, *,
             notes.assume(f"async_training.staleness_threshold = {threshold:g} read as k = {async_bound} (RPEG's "
                          "bound counts whole steps; verl's fraction caps the stale samples per sync)")
         partial = c.flag("async_training.partial_rollout")
+    train_logits, forward_logits = _logits(c, A, strategy, options["entropy_coef"])
+    for stage in ("actor_update", "actor_logprobs", "ref_logprobs"):
+        if stage in layouts:
+            layouts[stage] = layouts[stage].replace(logits=train_logits if stage == "actor_update" else forward_logits)
     ref_host = uses_ref and strategy != "megatron" and c.flag("actor_rollout_ref.ref.fsdp_config.param_offload")
     for stage in ("actor_update", "critic_update"):
         if stage in layouts:
@@ -354,6 +358,23 @@ def _from_config(cfg: dict[str, Any], mode: str, megatron: bool, source: str, *,
     _note_rest(cfg, c.used, notes, uses_ref=uses_ref, has_critic=has_critic)
     return Imported(system=SYSTEM, mode=mode, view=view, unmapped=tuple(notes.unmapped), assumed=tuple(notes.assumed),
                     source=source)
+
+
+def _logits(c: _Config, A: str, strategy: str, entropy_coef: float) -> tuple[str, str]:
+    """(the update's, the log-prob passes') logits path (rpeg/perf/logits.py). model.use_fused_kernels (or the
+    actor's own key): the head fused with the log-softmax in 512-token chunks (FusedLinearForPPO; verl's
+    Megatron forward_fused alike); otherwise Megatron's vocab-parallel cross-entropy, or under FSDP the model's
+    bf16 logits with flash-attn's in-place cross-entropy, whose update holds the entropy's gradient too when
+    actor.calculate_entropy or entropy_coeff != 0 (verl then turns inplace_backward off)."""
+    fused = c.flag("actor_rollout_ref.model.use_fused_kernels")
+    if c.has(A + "use_fused_kernels"):
+        fused = c.flag(A + "use_fused_kernels")
+    if fused:
+        return "fused-linear", "fused-linear"
+    if strategy == "megatron":
+        return "fused-ce", "fused-ce"
+    entropy = c.flag(A + "calculate_entropy") or entropy_coef != 0
+    return ("bf16-ce-entropy" if entropy else "bf16-ce"), "bf16-ce"
 
 
 def _rollout_layout(c: _Config, gpus: int, source: str) -> ParallelLayout:

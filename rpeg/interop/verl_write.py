@@ -189,6 +189,7 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
     if "reward" in lay:
         r = lay["reward"]
         lay["reward"] = ParallelLayout(dp=r.devices // r.tp, tp=r.tp, zero=0 if megatron else 3)  # as verl_read
+    _logits_project(lay, megatron, dict(v.config).get("entropy_coef", 0.0), lines)
     v = v.replace(layouts=tuple((s, lay[s]) for s, _ in v.layouts))
     gather = "shard" if megatron else "full"
     if v.refit_gather != gather:
@@ -208,6 +209,24 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
                         f"{', '.join(sorted(set(ESTIMATORS.values()) | {'dapo'}))})")
     v = v.replace(config=config_tuple(v.algorithm, opts))
     return v, lines
+
+
+def _logits_project(lay: dict[str, ParallelLayout], megatron: bool, entropy_coef: float, lines: list[str]) -> None:
+    """verl's logits paths (verl_read._logits): fused-linear is `model.use_fused_kernels=True`; any other path
+    becomes the one verl's backend takes without it."""
+    a = lay["actor_update"]
+    if a.logits == "fused-linear":
+        want = ("fused-linear", "fused-linear")
+    elif megatron:
+        want = ("fused-ce", "fused-ce")
+    else:  # the entropy's gradient with an entropy term, or with actor.calculate_entropy (written back)
+        want = ("bf16-ce-entropy" if entropy_coef or a.logits == "bf16-ce-entropy" else "bf16-ce", "bf16-ce")
+    if a.logits != want[0]:
+        lines.append(f"logits path {a.logits}: verl's {'Megatron' if megatron else 'FSDP'} actor computes its "
+                     f"log-probs as {want[0]} (model.use_fused_kernels=True for fused-linear)")
+    for s in ("actor_update", "actor_logprobs", "ref_logprobs"):
+        if s in lay:
+            lay[s] = lay[s].replace(logits=want[0] if s == "actor_update" else want[1])
 
 
 def _two_pools(v: PlanView, gen: str, rest: str) -> PlanView:
@@ -306,6 +325,10 @@ def overrides(view: PlanView) -> tuple[str, list[str], str]:
     # layouts
     seq = job.prompt_len + job.response.max
     out.append(f"actor_rollout_ref.model.use_remove_padding={_fmt(a.packing)}")
+    if a.logits == "fused-linear":
+        out.append("actor_rollout_ref.model.use_fused_kernels=True")
+    if a.logits == "bf16-ce-entropy" and not opts["entropy_coef"]:
+        out.append(f"{A}calculate_entropy=True")
     out.append(f"{A}use_dynamic_bsz=False")
     if megatron:
         out += [f"{A}strategy=megatron"] + _megatron_keys(A + "megatron.", a, get_model(v.actor).layers)

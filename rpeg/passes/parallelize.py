@@ -5,8 +5,9 @@ product dp*tp*pp*cp equals the devices of the stage's group; tp divides the atte
 (and divides or is a multiple of the kv heads); pp divides the layers; ep divides the experts
 and dp*cp*tp; ZeRO, recomputation and offload (offload_optimizer, offload_params, resident, pageable:
 see ParallelLayout) apply to training only; an MoE stage's dispatcher, ep_overlap, cuda_graphs,
-routing and capacity_factor say how its experts run (ParallelLayout; rpeg/perf/moe.py prices them);
-the Megatron-Core recipe options (recompute_modules, recompute_layers, offload_activation_layers,
+routing and capacity_factor say how its experts run (ParallelLayout; rpeg/perf/moe.py prices them).
+logits names how a training or log-prob pass computes its log-probs (rpeg/perf/logits.py); the
+Megatron-Core recipe options (recompute_modules, recompute_layers, offload_activation_layers,
 grad_dtype, optimizer_moments, pp_embedding_loss_slots) are ParallelLayout's too
 (rpeg/perf/recipe_options.py), so every layout field can be passed back through this pass.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from rpeg.errors import RpegError
 from rpeg.graph import Graph, ParallelLayout
+from rpeg.graph.layout import DEFAULT_LOGITS
 from rpeg.graph.verify import layout_problems
 from rpeg.passes.base import call_text, finish, refuse
 
@@ -26,7 +28,7 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                 resident: list[str] | tuple[str, ...] = (),
                 pageable: list[str] | tuple[str, ...] = (), dispatcher: str = "alltoall",
                 ep_overlap: bool = False, cuda_graphs: str = "none", routing: str = "balanced",
-                capacity_factor: float = 0.0, grad_dtype: str = "fp32",
+                capacity_factor: float = 0.0, logits: str = DEFAULT_LOGITS, grad_dtype: str = "fp32",
                 recompute_modules: list[str] | tuple[str, ...] = (), recompute_layers: int = 0,
                 offload_activation_layers: int = 0, optimizer_moments: str = "fp32",
                 pp_embedding_loss_slots: bool = False) -> Graph:
@@ -43,6 +45,8 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                         ("routing", routing)):
         if not isinstance(value, str):
             wrong.append(f"{name} = {value!r}")
+    if not isinstance(logits, str):
+        wrong.append(f"logits = {logits!r}")
     for name, value in (("grad_dtype", grad_dtype), ("optimizer_moments", optimizer_moments)):
         if not isinstance(value, str):
             wrong.append(f"{name} = {value!r}")
@@ -57,14 +61,15 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
             wrong.append(f"{name} = {value!r}")
     if wrong:
         raise refuse(call, "expected whole numbers, true/false, recompute / dispatcher / cuda_graphs / routing names, "
-                           "an offload fraction and lists of state parts or host copies: " + ", ".join(wrong))
+                           "a logits path, an offload fraction and lists of state parts or host copies: "
+                           + ", ".join(wrong))
     try:
         layout = ParallelLayout(**degrees, recompute=recompute, sequence_parallel=sequence_parallel,
                                 pp_uneven=pp_uneven, packing=packing, offload_optimizer=offload_optimizer,
                                 offload_params=offload_params, resident=tuple(resident),
                                 pageable=tuple(pageable), dispatcher=dispatcher, ep_overlap=ep_overlap,
                                 cuda_graphs=cuda_graphs, routing=routing, capacity_factor=capacity_factor,
-                                grad_dtype=grad_dtype, recompute_modules=tuple(recompute_modules),
+                                logits=logits, grad_dtype=grad_dtype, recompute_modules=tuple(recompute_modules),
                                 recompute_layers=recompute_layers, offload_activation_layers=offload_activation_layers,
                                 optimizer_moments=optimizer_moments, pp_embedding_loss_slots=pp_embedding_loss_slots)
     except RpegError as e:

@@ -19,7 +19,15 @@ log-sum-exp per head and query. Pipeline schedules: 1F1B's rank r holds pp - r m
 peak (Narayanan et al. 2021, arXiv 2104.04473); the interleaved schedule's first rank holds
 L(1 + (pp-1)/(pp v)) layers' worth (Korthikanti section 4.2.2). Memory is computed per pipeline stage
 (the first one holds the embedding and the most micro-batches; the last one holds the output head
-and the fp32 logits) and the fullest stage is what `training_memory` returns.
+and the logits) and the fullest stage is what `training_memory` returns.
+
+Logits (`MemoryBreakdown.logits`, rpeg/perf/logits.py): a training or log-prob pass turns every token of
+its micro-batch into full-vocabulary logits, and the path the system takes from them to log-probs
+(ParallelLayout.logits) sets the bytes each (token, vocab/tp) entry holds at the pass's peak: from 2
+(verl's bf16 logits with flash-attn's in-place cross-entropy) to 12 (NeMo-RL's DistributedLogprob), or
+one chunk's worth where the head is fused with the log-softmax (verl's use_fused_kernels). With long
+multi-turn sequences and 150-250k vocabularies this is the largest transient of the pass (slime issue
+#2253: 11.6k tokens x 248,320 x 4 bytes = 10.8 GB for one fp32 copy).
 
 Where a figure is a choice rather than a formula, the constant below says why. Tests:
 tests/perf/test_perf_memory.py (hand-worked values, the paper's Table 2) and
@@ -35,12 +43,12 @@ from rpeg.errors import RpegError
 from rpeg.graph.layout import ParallelLayout
 from rpeg.graph.model import ModelSpec
 from rpeg.perf import recipe_options
+from rpeg.perf.logits import logits_bytes
 
 GB = 1e9
 GIB = 2.0**30
 BF16_BYTES = 2
 ADAM_BYTES_PER_PARAM = 12  # fp32 master weights + first and second moments (ZeRO paper, section 3.1)
-LOGIT_BYTES = 4  # cross-entropy / log-softmax runs on fp32 logits (Megatron upcasts; Korthikanti 4.3)
 LSE_BYTES = 4  # FlashAttention keeps one fp32 log-sum-exp per (head, query) for the backward pass
 # A fixed allowance per device for what no tensor formula sees; an estimate from its parts, not a
 # measurement: about 1 GiB of CUDA context with the kernel images of PyTorch, cuBLAS and cuDNN
@@ -62,6 +70,7 @@ class MemoryBreakdown:
     gradients: float = 0.0
     optimizer: float = 0.0
     activations: float = 0.0
+    logits: float = 0.0  # full-vocabulary logits and the log-softmax's temporaries (`logits_bytes`)
     kv_cache: float = 0.0
     buffers: float = 0.0
 
@@ -280,13 +289,11 @@ def activation_bytes_per_layer(spec: ModelSpec, *, seq_len: float, micro_batch: 
 
 
 def head_activation_bytes(spec: ModelSpec, *, seq_len: float, micro_batch: float, tp: int = 1,
-                          sequence_parallel: bool = False, cp: int = 1, value_head: bool = False) -> float:
-    """The last stage's output layer: the final norm's input and the head's input (2sbh each,
-    /t with SP) and fp32 logits sbv/t x 4 bytes (Korthikanti section 4.3: 4sbh/t (1 + v/h) with
-    SP). A critic's value head produces one number per token instead of vocab logits."""
+                          sequence_parallel: bool = False, cp: int = 1) -> float:
+    """The last stage's output layer: the final norm's input and the head's input (2sbh each, /t
+    with SP; Korthikanti section 4.3's 4sbh/t). Its logits are their own line (`logits_bytes`)."""
     tokens = seq_len * micro_batch / cp
-    logits = 0.0 if value_head else LOGIT_BYTES * spec.vocab / tp
-    return tokens * (2 * BF16_BYTES * spec.hidden / (tp if sequence_parallel else 1) + logits)
+    return tokens * 2 * BF16_BYTES * spec.hidden / (tp if sequence_parallel else 1)
 
 
 def _chunks_in_flight(pp: int, v: int, rank: int, microbatches: int | None) -> float:
@@ -345,6 +352,7 @@ def trainer_state_bytes(spec: ModelSpec, layout: ParallelLayout, *, grad_dtype_b
     part (`weights`, `gradients`, `optimizer`): what a colocated engine's phase finds there unless
     it is moved out (ParallelLayout.resident)."""
     groups = data_parallel_groups(spec, layout)
+    grad_dtype_bytes = recipe_options.grad_bytes(layout, grad_dtype_bytes)
     stages = [_state_bytes(spec, layout, s, grad_dtype_bytes, value_head, layout.offload_optimizer, groups)
               for s in range(layout.pp)]
     w, g, o = max(stages, key=sum)
@@ -371,12 +379,14 @@ def training_memory_stages(spec: ModelSpec, layout: ParallelLayout, *, seq_len: 
         acts = in_flight * per_mb + working
         if s == 0 and dropout:  # the embedding's dropout mask, one per micro-batch in flight
             acts += in_flight * tokens * spec.hidden / (tp if sp else 1)
+        logits = 0.0
         if s == pp - 1:  # the output layer runs one micro-batch at a time
             acts += head_activation_bytes(spec, seq_len=seq_len, micro_batch=micro_batch, tp=tp,
-                                          sequence_parallel=sp, cp=cp, value_head=value_head)
+                                          sequence_parallel=sp, cp=cp)
+            logits = logits_bytes(spec, tokens=tokens, tp=tp, path=layout.logits, train=True, value_head=value_head)
         buffers = BUFFER_BYTES + _zero3_working_set(spec, layout, s, grad_bytes)
         peak = MemoryBreakdown(weights=weights, gradients=grads, optimizer=optimizer, activations=acts,
-                               buffers=buffers)
+                               logits=logits, buffers=buffers)
         out.append(max(peak, _optimizer_step_phase(spec, layout, s, peak, host, groups, value_head),
                        key=lambda m: m.total))
     return out
@@ -429,13 +439,15 @@ def training_memory(spec: ModelSpec, layout: ParallelLayout, *, seq_len: float, 
                     dropout: bool = False, dtype: str = "bf16") -> MemoryBreakdown:
     """Peak memory of one device in a training step, on the fullest pipeline stage.
 
-    weights bf16; gradients `grad_dtype_bytes` per parameter; optimizer 12 bytes per parameter;
+    weights bf16; gradients `grad_dtype_bytes` per parameter (a bf16 layout's grad_dtype: 2); optimizer
+    12 bytes per parameter;
     ZeRO stages shard as in the module docstring; what the layout offloads to the host
     (`offload_optimizer`, `offload_params`; `offload_optimizer=True` here offloads all of the
     optimizer state) leaves the device (`_state_bytes`). Activations: the
     stage's layers times the micro-batches its schedule holds (`microbatches_in_flight`, the
     step's micro-batches per pipeline, caps the schedule's count), plus with full recomputation
-    one layer's full activations while it is recomputed, plus the output layer on the last stage.
+    one layer's full activations while it is recomputed, plus the output layer's inputs on the last
+    stage. Logits: the last stage's micro-batch over the full vocabulary (`logits_bytes`).
     Buffers: the fixed allowance plus, with ZeRO-3, the gathered layers. `dtype`: the GEMMs' precision
     (fp8: the linear layers' saved inputs in FP8). The Megatron-Core recipe options of the layout
     (recompute_modules, recompute_layers, offload_activation_layers, grad_dtype, optimizer_moments):
@@ -471,10 +483,12 @@ def _forward_bytes_per_token(spec: ModelSpec, index: int, *, seq_len: float, tp:
 
 def inference_memory(spec: ModelSpec, layout: ParallelLayout, *, seq_len: float,
                      micro_batch: float, value_head: bool = False) -> MemoryBreakdown:
-    """A forward-only pass (reference or critic log-probs, rewards): weights plus the transient
-    activations of one layer (FlashAttention: no s x s scores) or, on the last stage, the fp32
-    logits if larger (none for a critic's or reward model's scalar head, `value_head`); no
-    gradients or optimizer state, and no KV cache kept across calls."""
+    """A forward-only pass (reference or policy log-probs, rewards): weights plus the transient
+    activations of one layer (FlashAttention: no s x s scores); on the last stage the micro-batch's
+    logits (`logits_bytes`; `value_head`: a critic or reward model's one number per token instead)
+    with the head's input, or the layers' working set where that is larger (the two are not live at
+    once: activations there are what the peak holds beyond the logits). No gradients or optimizer
+    state, and no KV cache kept across calls."""
     tokens = seq_len * micro_batch / layout.cp
     stages = []
     for s, layers in enumerate(stage_layers(spec, layout.pp)):
@@ -482,10 +496,13 @@ def inference_memory(spec: ModelSpec, layout: ParallelLayout, *, seq_len: float,
         weights = BF16_BYTES * (_sharded(p, data_parallel_groups(spec, layout)) if layout.zero == 3 else p.total)
         acts = tokens * max((_forward_bytes_per_token(spec, i, seq_len=seq_len, tp=layout.tp) for i in layers),
                             default=0.0)
-        if s == layout.pp - 1 and not value_head:
-            acts = max(acts, tokens * LOGIT_BYTES * spec.vocab / layout.tp)
+        logits = 0.0
+        if s == layout.pp - 1:
+            logits = logits_bytes(spec, tokens=tokens, tp=layout.tp, path=layout.logits, value_head=value_head)
+            head_input = tokens * BF16_BYTES * spec.hidden
+            acts = max(acts, head_input + logits) - logits
         buffers = BUFFER_BYTES + _zero3_working_set(spec, layout, s, 0.0)
-        stages.append(MemoryBreakdown(weights=weights, activations=acts, buffers=buffers))
+        stages.append(MemoryBreakdown(weights=weights, activations=acts, logits=logits, buffers=buffers))
     return max(stages, key=lambda m: m.total)
 
 

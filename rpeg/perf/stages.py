@@ -14,7 +14,8 @@ from rpeg.perf.cost import StageCost
 from rpeg.perf.efficiency import Factor, host_link_bytes_per_s
 from rpeg.perf.generation import GenWorkload, generation_cost
 from rpeg.perf.training import PassWorkload, pass_cost
-from rpeg.perf.weightsync import weight_sync_cost
+from rpeg.perf.weightsync import (RECEIVE_BUFFER, SLEEPING_ENGINE, receive_buffer_bytes, sleeping_engine_bytes,
+                                  weight_sync_cost)
 
 SWAPS = 3  # reference_on_host: the actor's weights out, the reference's in, the actor's back in (passes/reference.py)
 PACKED_TOKENS = Factor(1.0, "sequence packing fills a training or logprob micro-batch up to its token budget "
@@ -75,11 +76,39 @@ def stage_cost(graph: Graph, stage: Stage, cluster: Cluster) -> StageCost:
         cost = generation_cost(stage.name, spec, stage.layout, cluster, work, colocated=colocated)
         if graph.call_sequences:  # the engine reached in serial calls of a few sequences (passes/calls.py)
             cost = with_serial_calls(cost, spec, stage.layout, cluster, work, graph.call_sequences, colocated)
+        if any(s.kind is Kind.SYNC and s.model == stage.model for s in graph.stages):  # it receives new weights
+            cost = _with_memory(cost, ((RECEIVE_BUFFER, receive_buffer_bytes(spec, stage.layout, graph.refit_gather)),))
         return cost
     cost = pass_cost(stage.name, spec, stage.layout, cluster, _pass_workload(graph, stage, train=stage.kind is Kind.TRAIN))
     if graph.reference_on_host and stage.model == "ref" and stage.kind is Kind.INFER:
         cost = _with_reference_swap(graph, stage, cost, cluster)
-    return cost
+    return _with_sleeping_engines(graph, stage, cost)
+
+
+def _with_memory(cost: StageCost, parts: tuple[tuple[str, float], ...]) -> StageCost:
+    """`parts` (name, bytes per device) join the stage's peak memory and its breakdown."""
+    parts = tuple((name, b) for name, b in parts if b > 0)
+    if not parts:
+        return cost
+    return dataclasses.replace(cost, peak_memory_bytes=cost.peak_memory_bytes + sum(b for _, b in parts),
+                               memory_parts=cost.memory_parts + parts)
+
+
+def sleeping_engine_parts(graph: Graph, stage: Stage) -> tuple[tuple[str, float], ...]:
+    """What the generation engines on the stage's devices keep there while they sleep: their NCCL
+    communicators' buffers (rpeg/perf/weightsync.py), one line per engine whose layout is set."""
+    if stage.group is None:
+        return ()
+    mine = graph.group(stage.group)
+    engines = [s for s in graph.stages if s.kind is Kind.GENERATE and s.layout is not None and s.group
+               and graph.group(s.group).overlaps(mine)]
+    return tuple((f"{SLEEPING_ENGINE} ({s.name})", sleeping_engine_bytes(s.layout)) for s in engines)
+
+
+def _with_sleeping_engines(graph: Graph, stage: Stage, cost: StageCost) -> StageCost:
+    """A training or forward pass on devices where a generation engine sleeps keeps beside it what the
+    sleep does not release (`sleeping_engine_parts`)."""
+    return _with_memory(cost, sleeping_engine_parts(graph, stage))
 
 
 def _with_reference_swap(graph: Graph, stage: Stage, cost: StageCost, cluster: Cluster) -> StageCost:

@@ -14,7 +14,8 @@ impossible: a memory-model error, reported by name); mean errors are over the en
 Assumptions the schema leaves open, the same for every entry:
 - training entries default to what Megatron-LM 2022 ran: unfused attention (their Table 5
   predates FlashAttention in Megatron), fp16, the distributed optimizer off (dp = 1 in every row);
-  an entry of another stack says `dtype`, `flash_attention` and `zero` (TRAIN_OPTIONS).
+  an entry of another stack says `dtype`, `flash_attention` and `zero` (TRAIN_OPTIONS). The loss is
+  Megatron's vocab-parallel cross-entropy (MEGATRON_LOGITS).
 - training entries may carry the Megatron-Core recipe options that set a run's memory
   (`recompute_modules`, `recompute_layers`, `offload_activation_layers`, `grad_dtype`,
   `optimizer_moments`, `pp_embedding_loss_slots`: rpeg/perf/recipe_options.py); without them, none.
@@ -25,7 +26,9 @@ Assumptions the schema leaves open, the same for every entry:
   checked and printed with the entry's result (its note), and change no prediction.
 - RL entries: GRPO as NeMo-RL runs it: generation, policy logprobs, reference logprobs (its GRPO
   default reference_policy_kl_penalty is 0.01), training, refit; Megatron's distributed optimizer
-  (ZeRO-1) for training, its optimizer state moved to the host and back around generation through
+  (ZeRO-1) with bf16 gradient buffers (NEMO_RL_GRAD_BYTES) for training, log-probs by its
+  DistributedLogprob (NEMO_RL_LOGITS), its optimizer state moved
+  to the host and back around generation through
   pageable memory (NEMO_RL_PAGEABLE); one vLLM engine per `generation.tp x pp` devices; the reference's weights
   swapped in from the host (`reference_on_host`); sequence packing with micro-batches of
   `training.micro_batch` (1) and `training.logprob_batch` (NEMO_RL_LOGPROB_BATCH) maximum-length
@@ -63,8 +66,17 @@ PROMPT_TOKENS = Factor(150, "OpenMathInstruct-2 problems (GSM8K/MATH-style state
 RESPONSE_SIGMA = Factor(0.8, "log-normal shape of reasoning-response lengths: the p90/p50 ratio of about 2.8 seen "
                              "in published GRPO length histograms")
 
+# the logits paths (rpeg/perf/logits.py): Megatron's pretraining and SFT loss is its vocab-parallel cross-entropy
+# over the fp32 copy it makes in place (GPTModel with labels; the native fused and unfused versions hold the same);
+# NeMo-RL's log-probs are DistributedLogprob's over Megatron's fp32-upcast output (defer_fp32_logits false, its
+# default; logprob_chunk_size unset in the published configs)
+MEGATRON_LOGITS = "fused-ce"
+NEMO_RL_LOGITS = "distributed-logprob"
 NEMO_RL_KL = Factor(0.01, "NeMo-RL's GRPO default reference_policy_kl_penalty (grpo_math_1B.yaml): a reference "
                           "logprob pass every step")
+NEMO_RL_GRAD_BYTES = Factor(2, "NeMo-RL's Megatron configs set distributed_data_parallel_config.grad_reduce_in_fp32: "
+                               "false (examples/configs/grpo_math_1B_megatron.yaml, v0.3.0): Megatron-Core keeps "
+                               "its gradient buffers in the parameters' bf16")
 NEMO_RL_ZERO = Factor(1, "NeMo-RL's Megatron policy uses the distributed optimizer (use_distributed_optimizer: "
                          "true in its Megatron configs): optimizer state sharded over data parallelism, ZeRO-1")
 NEMO_RL_LOGPROB_BATCH = Factor(4, "NeMo-RL's default policy.logprob_batch_size (grpo_math_1B.yaml at v0.5.0, the "
@@ -267,7 +279,7 @@ def predict_training(entry: dict, models: dict[str, ModelSpec], where: str) -> R
     layout = ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, recompute=recompute, sequence_parallel=sp,
                             pp_interleave=_get(entry, "pp_interleave", where, 1), pp_uneven=bool(spec.layers % pp),
                             zero=zero, offload_optimizer=float(offload), **_recipe_options(entry, recompute, pp, where),
-                            **moe_options)
+                            **moe_options, logits=MEGATRON_LOGITS)
     cluster = load_cluster(_need(entry, "system", where, str), gpus)
     seq, batch = _need(entry, "seq", where), _need(entry, "global_batch", where)
     micro = _need(entry, "micro_batch", where)
@@ -387,10 +399,11 @@ def nemo_rl_plan(run: NemoRlRun, where: str):
         if s.kind.value in ("infer", "train") or (s.kind.value == "reward" and s.model):
             train = s.kind.value == "train"
             extra = {"zero": NEMO_RL_ZERO.value, "recompute": run.training["recompute"],
+                     "grad_dtype": "bf16" if NEMO_RL_GRAD_BYTES.value == 2 else "fp32",
                      "pageable": NEMO_RL_PAGEABLE} if train else {}
             mb = run.training["micro_batch" if train else "logprob_batch"]
             g = parallelize(g, s.name, **lay, **extra, micro_batch=mb, packing=run.training["packing"],
-                            **(NEMO_RL_MOE if spec.is_moe else {}))
+                            **(NEMO_RL_MOE if spec.is_moe else {}), logits=NEMO_RL_LOGITS)
     g = refit(g, "full")  # NeMo-RL's refit gathers every tensor in full (refit_utils.gather_params)
     g = keep_reference_on_host(g)  # the reference's weights wait on the host (use_reference_model)
     return g, load_cluster(run.system, gpus)

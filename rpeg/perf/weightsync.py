@@ -14,6 +14,24 @@ as the layout keeps them) is moved to host memory and back afterwards, over the 
 gradients are dropped, not moved: Megatron's `offload_to_cpu` frees the gradient buffer and
 `reload_from_cpu` zeroes a fresh one (megatron/core/distributed/param_and_grad_buffer.py), and FSDP
 trainers set them to None after the optimizer step (verl, OpenRLHF).
+
+Memory the sync and the sleep leave on the devices (lines of the stages' memory breakdowns, applied in
+rpeg/perf/stages.py):
+- `receive_buffer_bytes`: the engine receives the new weights one bucket at a time into buffers it
+  allocates beside its weights and KV cache, outside vLLM's gpu_memory_utilization share. prime-rl's
+  NCCL receiver takes each trainer state dict (one decoder layer, or the embedding) into one flat buffer
+  and cloned every tensor out of it (PR #3365: an H200 engine at gpu_memory_utilization 0.94 ran out of
+  memory on a 20 MiB clone in state dict 3 of 49; fixed by yielding views); verl's SGLang bucket cloned
+  every tensor too (PR #6738); vLLM's packed NCCL transfer fills one buffer while the other is broadcast
+  (PR #31943's review: up to twice the buffers). RECEIVE_BUCKETS buckets of the largest layer's (or the
+  embedding's) weights, full tensors when the sync gathers in full (`gather="full"`), the engine's
+  tensor-parallel slice otherwise, each at most RECEIVE_BUCKET_BYTES (vLLM's packed transfer, which
+  NeMo-RL's refit and prime-rl's port use; prime-rl's older receiver took a whole layer's state dict,
+  larger for MoE layers: not modelled apart).
+- `sleeping_engine_bytes`: a colocated engine put to sleep releases its weights and KV cache, but its
+  NCCL communicators keep their buffers (SLEEP_NCCL_BYTES per device of a multi-device engine) while the
+  trainer and the log-prob passes run on the same devices. vLLM's `--enable-nccl-comm-suspend` (PR
+  #51485, NCCL >= 2.29.7) releases them but ships off by default; SGLang's PR #30908 is open.
 """
 
 from __future__ import annotations
@@ -28,9 +46,39 @@ from rpeg.perf.collectives import (Group, all_gather_s, broadcast_s, tensorwise_
                                    weight_tensors)
 from rpeg.perf.compute import BF16
 from rpeg.perf.cost import StageCost
-from rpeg.perf.efficiency import HBM, host_copy_bytes_per_s, host_time, link_efficiency
+from rpeg.perf.efficiency import HBM, Factor, host_copy_bytes_per_s, host_time, link_efficiency
 from rpeg.perf.fitted import declare
 from rpeg.perf.offload import switch_seconds, switched_state_bytes
+
+RECEIVE_BUCKETS = Factor(2, "buckets of received weights live at once on an engine's device: the receive buffer "
+                            "and the clone of each tensor taken out of it (prime-rl's NCCL receiver before PR "
+                            "#3365, verl's get_named_tensor_buckets before PR #6738), or vLLM's packed NCCL "
+                            "transfer filling one buffer while the other is broadcast (PR #31943)")
+RECEIVE_BUCKET_BYTES = Factor(2.0**30, "bytes of one packed bucket of a weight sync: vLLM's "
+                                       "DEFAULT_PACKED_BUFFER_SIZE_BYTES (1 GiB, with DEFAULT_PACKED_NUM_BUFFERS "
+                                       "2; vllm/distributed/weight_transfer/packed_tensor.py)")
+SLEEP_NCCL_BYTES = Factor(2.0**30, "bytes of NCCL communicator buffers a sleeping engine keeps on each device: ~958 "
+                                   "MiB per GPU at TP8+EP8 and ~1 GiB per rank at TP4 (vLLM PRs #46234, #51485, "
+                                   "whose ncclCommSuspend release ships off by default); ~576 MiB per communicator "
+                                   "in SGLang (PR #30908, one per rank at TP8/EP8)")
+RECEIVE_BUFFER = "weight-sync receive buffer"
+SLEEPING_ENGINE = "sleeping engine's NCCL buffers"
+
+
+def receive_buffer_bytes(spec: ModelSpec, gen: ParallelLayout, gather: str = "shard") -> float:
+    """Bytes per engine device of the buckets a weight sync receives into (module docstring): the largest
+    bucket is a decoder layer's or the embedding's bf16 weights, whole with `gather="full"` (every tensor
+    sent in full: NeMo-RL, OpenRLHF, prime-rl), the engine's tensor-parallel slice with `shard`; a bucket
+    holds at most RECEIVE_BUCKET_BYTES."""
+    largest = max(max(spec.layer_params(i) for i in range(spec.layers)), spec.vocab * spec.hidden)
+    bucket = min(largest * BF16 / (1 if gather == "full" else gen.tp), RECEIVE_BUCKET_BYTES.value)
+    return RECEIVE_BUCKETS.value * bucket
+
+
+def sleeping_engine_bytes(gen: ParallelLayout) -> float:
+    """Bytes a sleeping colocated engine keeps on each of its devices: its NCCL communicators' buffers,
+    when it has any (an engine of one device runs without a communicator)."""
+    return SLEEP_NCCL_BYTES.value if gen.tp * gen.pp > 1 else 0.0
 
 
 # ---- fitted constants (rpeg/perf/fitted.py; values in rpeg/data/fitted.yaml, `python scripts/fit_factors.py`) ----
@@ -69,6 +117,8 @@ ASSEMBLY_BYTES_PER_S = {
                   "and the copy into the bucket, one parameter at a time with a synchronisation per bucket "
                   "(verl issue #7060: the 72B sender spends 23.5 s of 24 assembling and bucketing 145 GB)"),
 }
+
+
 def trainer_engine(train: ParallelLayout) -> str:
     """Whose weight export loop a sync runs: FSDP / ZeRO-3 (zero 3) or Megatron (the rest)."""
     return "fsdp" if train.zero >= 3 else "megatron"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from rpeg.errors import RpegError
+import dataclasses
+
+from rpeg.errors import DoesNotFit, RpegError
 from rpeg.graph import Graph, Kind
 from rpeg.hardware.topology import Cluster
 from rpeg.search import LayoutOptions, SpaceOptions, search
@@ -155,7 +157,26 @@ def _check_partial(graph: Graph) -> None:
 def runnable_plan(graph: Graph, cluster: Cluster, gpus: int, micro_batch: int = 64) -> Candidate:
     """The fastest plan the runtime can honour: data parallelism only, whole batches, no streaming;
     every training and forward pass in micro-batches of `micro_batch` padded rows (`runtime.micro_batch`),
-    stated in the plan's layouts so that the prediction counts the micro-batches the runtime runs."""
+    stated in the plan's layouts so that the prediction counts the micro-batches the runtime runs (the
+    runtime takes them from the layouts). Where no plan fits at `micro_batch` rows (the full-vocabulary
+    fp32 logits of 64 padded rows of long sequences overflow any GPU: rpeg/perf/logits.py), the
+    micro-batch is halved until one fits; the plan's name says so."""
+    rows = micro_batch
+    while True:
+        try:
+            cand = _runnable_plan(graph, cluster, gpus, rows)
+        except DoesNotFit:
+            if rows == 1:
+                raise
+            rows = max(1, rows // 2)
+            continue
+        if rows == micro_batch:
+            return cand
+        return dataclasses.replace(cand, name=f"{cand.name}, micro-batches of {rows} rows (runtime.micro_batch "
+                                              f"{micro_batch} does not fit)")
+
+
+def _runnable_plan(graph: Graph, cluster: Cluster, gpus: int, micro_batch: int) -> Candidate:
     options = LayoutOptions(train_tp=(1,), train_pp=(1,), train_cp=(1,), zero=(3,), infer_zero=(0, 3), gen_tp=(1,),
                             expert_parallel=False, sequence_parallel=False, micro_batch=micro_batch, packing=False,
                             offload=False)

@@ -14,10 +14,11 @@ import math
 from dataclasses import dataclass, field
 
 from rpeg.graph import Graph, Kind, ParallelLayout, Stage
+from rpeg.graph.layout import DEFAULT_LOGITS
 from rpeg.graph.verify import layout_problems
 from rpeg.hardware.topology import Cluster
 from rpeg.perf.cost import StageCost
-from rpeg.perf.stages import stage_cost
+from rpeg.perf.stages import sleeping_engine_parts, stage_cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,9 @@ class LayoutOptions:
     # tried in a shape only when nothing without offload fits in it (rpeg/perf/offload.py). RPEG's
     # own search turns it on; the peers' baselines keep their systems' defaults (no offload)
     offload: bool = False
+    # the path from logits to log-probs of the passes of a model with vocabulary logits (ParallelLayout.logits,
+    # rpeg/perf/logits.py): RPEG's own runtime's, or the path a peer's code takes
+    logits: str = DEFAULT_LOGITS
 
 
 @dataclass
@@ -83,6 +87,7 @@ def candidates(graph: Graph, stage: Stage, devices: int, node: int, opts: Layout
     cps = opts.train_cp if train else (1,)
     zeros = opts.zero if train else opts.infer_zero
     recs = opts.recompute if train else ("none",)
+    logits = opts.logits if "lm" in graph.model(stage.model).heads else DEFAULT_LOGITS
     for tp in tps:
         for pp in pps:
             for cp in cps:
@@ -98,7 +103,7 @@ def candidates(graph: Graph, stage: Stage, devices: int, node: int, opts: Layout
                             sp = opts.sequence_parallel and tp > 1 and (train or infer)
                             lay = ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, recompute=rec,
                                                  sequence_parallel=sp, pp_uneven=bool(spec.layers % pp),
-                                                 micro_batch=opts.micro_batch, packing=opts.packing)
+                                                 micro_batch=opts.micro_batch, packing=opts.packing, logits=logits)
                             out.append(lay)
                             if train and opts.offload:
                                 out.append(lay.replace(offload_optimizer=1.0))
@@ -115,8 +120,9 @@ def offload_level(lay: ParallelLayout) -> int:
 def _key(graph: Graph, stage: Stage, cluster: Cluster, opts: LayoutOptions) -> tuple:
     grp = graph.group(stage.group)
     colocated = any(s.kind is Kind.TRAIN and s.group and graph.group(s.group).overlaps(grp) for s in graph.stages)
+    engines = tuple(b for _, b in sleeping_engine_parts(graph, stage)) if stage.kind is not Kind.GENERATE else ()
     return (graph.job, graph.config, stage.kind, stage.greedy, stage.sequences, stage.passes, stage.microbatches,
-            graph.model(stage.model), grp.count, colocated, cluster.name, cluster.gpus, opts)
+            graph.model(stage.model), grp.count, colocated, engines, cluster.name, cluster.gpus, opts)
 
 
 def best_layout(graph: Graph, stage: Stage, cluster: Cluster, opts: LayoutOptions,
@@ -167,13 +173,17 @@ def alternatives(graph: Graph, stage: Stage, cluster: Cluster, opts: LayoutOptio
 
 
 def apply_layouts(graph: Graph, cluster: Cluster, opts: LayoutOptions, cache: LayoutCache) -> Graph | None:
-    """Every model-running stage at its best layout; None if some stage fits in no layout."""
-    chosen = []
-    for s in graph.stages:
-        if s.model is None or s.kind is Kind.SYNC:
-            continue
-        found = best_layout(graph, s, cluster, opts, cache)
-        if found is None:
-            return None
-        chosen.append(s.replace(layout=found[0]))
-    return graph.with_stages(chosen)
+    """Every model-running stage at its best layout; None if some stage fits in no layout. Generation
+    first: what a sleeping engine keeps on its devices (its NCCL buffers) depends on its layout, and
+    the other stages on those devices are costed with it."""
+    for gen in (True, False):
+        chosen = []
+        for s in graph.stages:
+            if s.model is None or s.kind is Kind.SYNC or (s.kind is Kind.GENERATE) is not gen:
+                continue
+            found = best_layout(graph, s, cluster, opts, cache)
+            if found is None:
+                return None
+            chosen.append(s.replace(layout=found[0]))
+        graph = graph.with_stages(chosen)
+    return graph

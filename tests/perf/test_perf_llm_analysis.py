@@ -16,7 +16,7 @@ difference is exactly what the stated reason predicts:
 - Activations: it keeps layer-norm inputs in fp32 (4 bytes, we 2 as Korthikanti does), always
   counts the attention-output dropout mask but never the MLP's, adds a 2sbh tensor and 4 bf16
   numbers per head and query under FlashAttention (we: one fp32 log-sum-exp), assumes sequence
-  parallelism whenever tp > 1, and keeps bf16 logits (we: fp32, as cross-entropy upcasts).
+  parallelism whenever tp > 1, and keeps bf16 logits (we: the logits path's bytes, rpeg/perf/logits.py).
 - llm-analysis 0.2.2 counts the output layer's activations twice at micro-batch 1 (the `training`
   summary adds them to a total that already has them), so the comparisons use micro-batch 2.
 """
@@ -171,20 +171,24 @@ def test_layer_activations_flash_no_dropout(spec, cfg, seq, tp):
 @pytest.mark.parametrize("spec, cfg, seq", SHAPES, ids=["gpt3-like", "llama-2-7B"])
 def test_full_recomputation_and_output_layer(spec, cfg, seq):
     """Full recomputation: both keep the 2sbh/t layer input. End to end (tp 8, pp 1) we add the one
-    layer being recomputed, fp32 logits where they keep bf16, and the final norm's and the head's
-    inputs (4sbh/t), which they drop under full recomputation."""
+    layer being recomputed and the final norm's and the head's inputs (4sbh/t), which they drop under
+    full recomputation; their bf16 logits are in their activations, ours a line of their own
+    (`logits`: on Megatron's cross-entropy path, 6 bytes per token and vocab/t entry, the bf16 output
+    and its fp32 copy: rpeg/perf/logits.py)."""
     b, s, h, t = 2, seq, spec.hidden, 8
-    layout = Layout(tp=t, sequence_parallel=True, recompute="full")
+    layout = Layout(tp=t, sequence_parallel=True, recompute="full", logits="fused-ce")
     kept = activation_bytes_per_layer(spec, seq_len=s, micro_batch=b, tp=t, sequence_parallel=True, recompute="full")
     assert kept == _their_layer(cfg, seq=s, mb=b, tp=t, recompute="full", flash=True, softmax_dropout=False)
     theirs = _train(cfg, seq=s, mb=b, tp=t, recompute="full")
-    ours = training_memory(spec, layout, seq_len=s, micro_batch=b).activations
+    mem = training_memory(spec, layout, seq_len=s, micro_batch=b)
+    ours = mem.activations
     recomputed_layer = activation_bytes_per_layer(spec, seq_len=s, micro_batch=b, tp=t, sequence_parallel=True)
     their_logits = theirs["activation_memory_embedding_output_per_gpu"]
     assert their_logits == s * b * spec.vocab * 2 / t
     # their final norm input is 0 under full recomputation, our two 2sbh/t tensors are not
     assert ours - theirs["activation_memory_per_gpu"] == pytest.approx(
-        recomputed_layer + their_logits + 4 * s * b * h / t, rel=1e-9)
+        recomputed_layer - their_logits + 4 * s * b * h / t, rel=1e-9)
+    assert mem.logits == pytest.approx(3 * their_logits, rel=1e-12)  # 6 bytes where they keep 2
     # llm-analysis 0.2.2 adds the output layer twice at micro-batch 1
     one = _train(cfg, seq=s, mb=1, tp=t, recompute="full")
     assert one["activation_memory_per_gpu"] - one["activation_memory_batch_size_1"] == pytest.approx(

@@ -15,6 +15,7 @@ from rpeg.perf.memory import (
     inference_memory,
     kv_cache_bytes_per_token,
     kv_capacity_tokens,
+    logits_bytes,
     params_per_device,
     stage_layers,
     training_memory,
@@ -156,10 +157,34 @@ def test_moe_activations_scale_with_experts_per_token():
     assert two - one == 8 * (2 * m.hidden + 6 * m.moe_ffn)
 
 
-def test_output_layer_keeps_fp32_logits():
+def test_output_layer_keeps_its_inputs_and_the_logits_are_their_own_line():
     m = get_model("llama-3.1-8B")
-    assert head_activation_bytes(m, seq_len=1000, micro_batch=2, tp=4) == 2000 * (4 * m.hidden + 4 * m.vocab / 4)
-    assert head_activation_bytes(m, seq_len=1000, micro_batch=2, value_head=True) == 2000 * 4 * m.hidden
+    assert head_activation_bytes(m, seq_len=1000, micro_batch=2, tp=4) == 2000 * 4 * m.hidden
+    # 2,000 tokens x 128,256 / 4 vocabulary entries x RPEG's own path (rpeg/perf/logits.py): 10 bytes in a
+    # log-prob pass, 12 in training
+    assert logits_bytes(m, tokens=2000, tp=4) == 2000 * 32064 * 10 == 641_280_000
+    assert logits_bytes(m, tokens=2000, tp=4, train=True) == 2000 * 32064 * 12
+    assert logits_bytes(m, tokens=2000, tp=4, value_head=True) == 0
+
+
+def test_long_multi_turn_logits_hand_worked():
+    """slime #2253's case: an 11.6k-token micro-batch over Qwen3.5's 248,320 vocabulary holds "10.8 GB"
+    (11.5e9 bytes, 10.7 GiB) in one fp32 copy. NeMo-RL's DistributedLogprob peaks at three fp32 copies,
+    34.6 GB; verl's fused kernels (chunks of 512 tokens) keep 512 x 248,320 x 20 = 2.54 GB in training
+    whatever the sequence."""
+    m = get_model("qwen3-8B").replace(vocab=248_320)
+    assert 11_600 * 248_320 * 4 == pytest.approx(10.8 * 2**30, rel=0.01)
+    assert logits_bytes(m, tokens=11_600, path="distributed-logprob") == 11_600 * 248_320 * 12 == 34_566_144_000
+    assert logits_bytes(m, tokens=11_600, path="fused-linear", train=True) == 512 * 248_320 * 20 == 2_542_796_800
+    # in a training pass: the last stage's micro-batch, tp and cp dividing it
+    mem = training_memory(m, Layout(tp=2, cp=2, logits="distributed-logprob"), seq_len=11_600, micro_batch=1)
+    assert mem.logits == 11_600 / 2 * 248_320 / 2 * 12
+    chunked = training_memory(m, Layout(tp=2, cp=2, logits="fused-linear"), seq_len=11_600, micro_batch=1)
+    assert chunked.logits == 512 * 248_320 / 2 * 20
+    assert mem.total - chunked.total == mem.logits - chunked.logits
+    assert dict(mem.parts())["logits"] == mem.logits  # a line of the breakdown `rpeg predict` prints
+    fwd = inference_memory(m, Layout(tp=2, cp=2, logits="fp32-ce"), seq_len=11_600, micro_batch=1)
+    assert fwd.logits == 11_600 / 2 * 248_320 / 2 * 6  # OpenRLHF's log-prob pass: 6, its training 10
 
 
 # ---- pipeline schedules -----------------------------------------------------------------------
@@ -218,8 +243,11 @@ def test_inference_memory_is_weights_plus_one_layer():
     assert inf.gradients == inf.optimizer == inf.kv_cache == 0
     train = training_memory(m, Layout(tp=2), seq_len=4096, micro_batch=4)
     assert inf.activations < train.activations / 10
-    # the fp32 logits of 16k tokens over 128k vocab, split over tp, are the larger transient here
-    assert inf.activations == 4 * 4096 * 4 * m.vocab / 2
+    # the logits of 16k tokens over 128k vocab, split over tp, are the larger transient here: 10 bytes each
+    # on RPEG's own path (bf16 output, fp32 copy, fp32 log-softmax); beside them only the head's bf16 input
+    assert inf.logits == 4 * 4096 * m.vocab / 2 * 10
+    assert inf.activations == 4 * 4096 * 2 * m.hidden
+    assert inference_memory(m, Layout(tp=2), seq_len=4096, micro_batch=4, value_head=True).logits == 0
 
 
 # ---- KV cache ----------------------------------------------------------------------------------------

@@ -137,7 +137,11 @@ def test_verl_fsdp2_offload_policy_is_offload_params():
 
 
 def test_openrlhf_adam_offload_makes_a_job_fit():
-    text = (PEERS / "openrlhf" / "train_reinforce_baseline_hybrid_engine.sh").read_text()
+    # at the script's 74,240-token packed micro-batches a 14B model's logits alone (37k tokens per device
+    # after ring attention x 152k vocabulary x 14 bytes, 79 GB) fill an 80 GB GPU: the job at 16k tokens
+    text = (PEERS / "openrlhf" / "train_reinforce_baseline_hybrid_engine.sh").read_text().replace(
+        "--data.max_len 74240", "--data.max_len 16384").replace("--rollout.max_new_tokens 64000",
+                                                                 "--rollout.max_new_tokens 15000")
     without = openrlhf.read(text, "a.sh", model="qwen2.5-14B").view
     with_ = openrlhf.read(text.replace("# --ds.adam_offload", "--ds.adam_offload"), "b.sh", model="qwen2.5-14B").view
     old = openrlhf.read(text.replace("# --ds.adam_offload", "--adam_offload"), "c.sh", model="qwen2.5-14B").view

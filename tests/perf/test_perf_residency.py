@@ -18,6 +18,7 @@ from rpeg.search.search import search
 from rpeg.search.space import SpaceOptions
 from rpeg.sim import simulate
 from rpeg.spec import spec_from_data
+from rpeg.perf.weightsync import RECEIVE_BUFFER, receive_buffer_bytes
 
 LLAMA = get_model("llama-3.1-8B")
 P = 8_030_261_248  # Llama-3.1-8B's parameters (untied embedding and output head)
@@ -67,9 +68,10 @@ def test_a_trained_model_and_two_frozen_ones_add_up_by_hand():
     assert held["reward weights (reward)"] == pytest.approx(2 * pr)
     resident = sum(h.bytes for h in train.lines if h.resident)
     assert resident == pytest.approx(10 * P + 2 * pr) and resident / GB == pytest.approx(95.31, abs=0.01)
-    # on top: the training pass's own transient, as its stage costs it (activations and buffers)
+    # on top: the training pass's own transient, as its stage costs it (activations, logits, buffers)
     own = dict(pred.stages["actor_update"].memory_parts)
-    assert train.peak_bytes == pytest.approx(10 * P + 2 * pr + own["activations"] + own["buffers"])
+    transient = sum(v for k, v in own.items() if k not in ("weights", "gradients", "optimizer"))
+    assert own["logits"] > 0 and train.peak_bytes == pytest.approx(10 * P + 2 * pr + transient)
     assert not train.fits and not pred.fits and pred.oom == [train]
     assert "'train' (GPUs 2-7)" in train.describe() and "ref weights (ref_logprobs)" in train.describe()
     # the engine's devices hold only the engine, all step (it never sleeps: nothing is costed to wake it)
@@ -133,8 +135,10 @@ def test_a_colocated_ppo_plan_counts_the_critic_beside_the_engine():
         assert kept[f"critic trainer {part} (critic_update)"] == pytest.approx(critic[part])
     engine = dict(pred.stages["generate"].memory_parts)
     pr = P - LLAMA.vocab * LLAMA.hidden + LLAMA.hidden  # the reward model's score head, not the vocabulary's
+    # the engine: its weights, its KV cache and the buckets a weight sync receives into (weightsync.py)
+    assert engine[RECEIVE_BUFFER] == receive_buffer_bytes(LLAMA, g.stage("generate").layout, g.refit_gather) > 0
     assert held.peak_bytes == pytest.approx(sum(critic.values()) + 2 * P + 2 * pr + engine["weights"]
-                                            + engine["kv_cache"])
+                                            + engine["kv_cache"] + engine[RECEIVE_BUFFER])
     # and at the step's peak, both trainers' state is there: actor and critic alone pass the device
     (peak,) = pred.memory
     actor = memory.trainer_state_bytes(LLAMA, g.stage("actor_update").layout)

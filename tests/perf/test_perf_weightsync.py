@@ -6,7 +6,8 @@ from rpeg.graph import ParallelLayout as Layout
 from rpeg.graph import get_model
 from rpeg.hardware import load_cluster
 from rpeg.perf.efficiency import HBM, HOST_LINK_BYTES_PER_S, LINK
-from rpeg.perf.weightsync import context_switch_cost, weight_sync_cost
+from rpeg.perf.weightsync import (RECEIVE_BUFFER, SLEEPING_ENGINE, context_switch_cost, receive_buffer_bytes,
+                                  sleeping_engine_bytes, weight_sync_cost)
 
 MODELS = [get_model(n) for n in ("qwen3-0.6B", "llama-3.1-8B", "llama-3.1-70B")]  # growing
 TRAIN = Layout(dp=2, tp=4)
@@ -181,3 +182,45 @@ def test_the_sender_pays_per_tensor_and_per_byte_by_its_trainer_engine():
     assert line[moe.name] == pytest.approx(weight_tensors(moe) * TENSOR_HOST_S["fsdp"].value)
     assert line[moe.name] > 10 * line[dense.name]
     assert any(k.startswith("sender: assemble") for k, _ in costs[dense.name].parts)
+
+
+def test_receive_buffer_hand_worked():
+    """Two buckets of the largest layer-or-embedding, each at most vLLM's 1 GiB packed buffer. Llama-3.1-8B:
+    the embedding, 128,256 x 4,096 = 525.3M parameters (a decoder layer has 218.1M), 1.05 GB in bf16, under
+    the cap: two in full are 2.10 GB, two tp-4 slices 525.3 MB. Llama-3.1-70B's decoder layer, 855.6M
+    parameters (1.71 GB), is capped: two buckets of 1 GiB."""
+    m = get_model("llama-3.1-8B")
+    assert m.vocab * m.hidden == 525_336_576 > m.layer_params(0)
+    assert receive_buffer_bytes(m, Layout(tp=4), "full") == 2 * 525_336_576 * 2 == 2_101_346_304
+    assert receive_buffer_bytes(m, Layout(tp=4), "shard") == 2 * 525_336_576 * 2 / 4 == 525_336_576
+    big = get_model("llama-3.1-70B")
+    assert big.layer_params(0) * 2 > 2**30
+    assert receive_buffer_bytes(big, Layout(tp=4), "full") == 2 * 2**30
+
+
+def test_sleeping_engine_keeps_its_nccl_buffers():
+    assert sleeping_engine_bytes(Layout(dp=8)) == 0  # one device per engine: no communicator
+    assert sleeping_engine_bytes(Layout(dp=2, tp=4)) == 2**30 == sleeping_engine_bytes(Layout(dp=4, pp=2))
+
+
+def test_memory_lines_reach_the_stages():
+    """A colocated GRPO plan: the engine holds the receive buffer, the trainer and the log-prob passes
+    the sleeping engine's NCCL buffers, each a line of `memory_parts` (what `rpeg predict` prints)."""
+    from rpeg.perf.step import predict_step
+    from rpeg.search.default import default_plan
+    from rpeg.spec import spec_from_data
+
+    graph = spec_from_data({"algorithm": "grpo", "model": "qwen2.5-32B", "job": {
+        "prompts": 8, "samples_per_prompt": 4, "prompt_len": 256, "response": {"kind": "fixed", "mean": 256}},
+        "cluster": "dgx-h100", "gpus": 8}).graph()
+    cluster = load_cluster("dgx-h100", 8)
+    g = default_plan(graph, cluster, 8)
+    pred = predict_step(g, cluster)
+    gen = next(s for s in g.stages if s.kind.value == "generate")
+    parts = dict(pred.stages[gen.name].memory_parts)
+    assert parts[RECEIVE_BUFFER] == receive_buffer_bytes(g.model(gen.model).spec, gen.layout, g.refit_gather)
+    sleeping = sleeping_engine_bytes(gen.layout)
+    assert sleeping > 0, gen.layout.describe()  # the default plan gives a 32B engine tensor parallelism
+    for s in g.stages:
+        if s.kind.value in ("train", "infer"):
+            assert dict(pred.stages[s.name].memory_parts)[f"{SLEEPING_ENGINE} ({gen.name})"] == sleeping

@@ -92,3 +92,21 @@ def test_megatron_recipe_options_are_planned_not_executed():
     g = g.with_stages([update.replace(layout=update.layout.replace(grad_dtype="bf16"))])
     with pytest.raises(RpegError, match="actor_update.*grads-bf16: the runtime runs none of Megatron-Core's"):
         check_plan(g)
+
+
+def test_the_runnable_plan_halves_a_micro_batch_that_does_not_fit():
+    """GRPO on Qwen2.5-0.5B on one H100 with the default job: 64 padded rows of 512 + 1,024 tokens
+    hold fp32 logits over a 151,936-token vocabulary (60 GB a copy, rpeg/perf/logits.py) beside the
+    engine; the plan `rpeg train` makes runs smaller micro-batches, says so, and fits."""
+    from rpeg.graph import Job, get_model
+    from rpeg.hardware import load_cluster
+    from rpeg.perf.step import predict_step
+    from rpeg.runtime.plan_check import runnable_plan
+
+    g = build_graph("grpo", Job(), Models(actor=get_model("qwen2.5-0.5B")))
+    h100 = load_cluster("dgx-h100", 1)
+    cand = runnable_plan(g, h100, 1, micro_batch=64)
+    rows = {s.layout.micro_batch for s in cand.graph.stages if s.layout is not None and s.kind.value != "generate"}
+    assert len(rows) == 1 and rows.pop() < 64
+    assert "runtime.micro_batch 64 does not fit" in cand.name
+    assert predict_step(cand.graph, h100).fits

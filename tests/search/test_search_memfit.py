@@ -1,6 +1,8 @@
 """fit_together (rpeg/search/memfit.py): layouts traded for memory until the models sharing devices
 fit summed; unchanged when they already do; None when no layout makes them."""
 
+import pytest
+
 from rpeg.algorithms import Models, build_graph
 from rpeg.graph import Job, get_model
 from rpeg.graph import LengthDistribution as Dist
@@ -61,24 +63,32 @@ def test_an_engine_that_never_sleeps_leaves_no_room_for_a_frozen_model():
     assert fit_together(fastest, H100, opts, cache) is None
 
 
-def test_the_reference_goes_to_the_host_where_its_swap_costs_least():
+
+def test_keeping_the_reference_on_the_host_is_a_move_of_its_own():
     """Llama 8B GRPO with 2 of 8 GPUs training: the actor's state and the reference's weights overflow
-    them; keeping the reference on the host (NeMo-RL's swap, passes/reference.py) costs less than the
-    layouts that would make room (ZeRO-3, tensor parallel, full recomputation), and only host offload
-    allows it."""
-    g = build_graph("grpo", JOB, Models(actor=get_model("llama-3.1-8B")))
+    them. Where host offload is allowed, the reference may wait on the host and be swapped in for its
+    pass (NeMo-RL's way, passes/reference.py): its 2P bf16 weights leave the devices, and its pass
+    pays three copies of the actor's per-device bf16 weights over the host link."""
+    from rpeg.perf.efficiency import host_link_bytes_per_s
+    from rpeg.perf.memory import params_per_device
+    from rpeg.search.memfit import reference_to_host
+
+    llama = get_model("llama-3.1-8B")
+    g = build_graph("grpo", JOB, Models(actor=llama))
     g = place(bound_asynchrony(g, 1), {"generation": 6, "training": 2}, assign={"generate": "generation"},
               default="training")
-    steps = {}
-    for offload in (True, False):
-        opts, cache = LayoutOptions(offload=offload), LayoutCache()
-        fastest = apply_layouts(g, H100, opts, cache)
-        assert not predict_step(fastest, H100).fits
-        fitted = fit_together(fastest, H100, opts, cache)
-        pred = predict_step(fitted, H100)
-        assert pred.fits
-        assert fitted.reference_on_host is offload
-        assert (fitted.history[-1] == "reference_on_host()") is offload
-        assert all(line.model != "ref" for m in pred.memory for line in m.lines) is offload
-        steps[offload] = pred.step_s
-    assert steps[True] < steps[False]
+    opts, cache = LayoutOptions(offload=True), LayoutCache()
+    fastest = apply_layouts(g, H100, opts, cache)
+    before = predict_step(fastest, H100)
+    assert not before.fits
+    assert reference_to_host(fastest, LayoutOptions(offload=False)) is None
+    moved = reference_to_host(fastest, opts)
+    assert moved.reference_on_host and moved.history[-1] == "reference_on_host()"
+    assert reference_to_host(moved, opts) is None  # already there
+    after = predict_step(moved, H100)
+    ref = [h for m in before.memory for h in m.lines if h.model == "ref"]
+    assert [h.bytes for h in ref] == [pytest.approx(2 * llama.params_total(), rel=1e-6)]
+    assert not [h for m in after.memory for h in m.lines if h.model == "ref"]
+    swap = 3 * 2 * params_per_device(llama, fastest.stage("actor_update").layout) / host_link_bytes_per_s(H100.device)
+    assert after.stages["ref_logprobs"].seconds - before.stages["ref_logprobs"].seconds == pytest.approx(swap)
+    assert predict_step(fit_together(moved, H100, opts, cache), H100).fits

@@ -38,7 +38,8 @@ STREAM_MICROBATCHES = 16
 
 def options(cluster: Cluster) -> LayoutOptions:
     return LayoutOptions(train_tp=(1,), train_pp=(1,), train_cp=(1, 2), zero=(3,), recompute=("none", "full"),
-                         gen_tp=node_divisors(cluster), gen_pp=(1,), expert_parallel=False, sequence_parallel=False)
+                         gen_tp=node_divisors(cluster), gen_pp=(1,), expert_parallel=False, sequence_parallel=False,
+                         logits="chunked-logsoftmax")  # gather_logprobs: bf16 logits, fp32 slices of 1,024 tokens
 
 
 def build(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Graph | None:

@@ -67,7 +67,8 @@ class _Role:
 
 def options(cluster: Cluster) -> LayoutOptions:
     return LayoutOptions(train_tp=(1,), train_pp=(1,), train_cp=(1, 2), zero=(3,), recompute=("none", "full"),
-                         gen_tp=node_divisors(cluster), gen_pp=(1,), expert_parallel=False, sequence_parallel=False)
+                         gen_tp=node_divisors(cluster), gen_pp=(1,), expert_parallel=False, sequence_parallel=False,
+                         logits="fp32-ce")  # Actor.forward: an fp32 copy, flash-attn's cross-entropy
 
 
 def roles(graph: Graph) -> list[_Role]:

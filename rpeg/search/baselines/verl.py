@@ -60,7 +60,8 @@ REFIT_GATHER = "full"  # see the module docstring: every tensor gathered in full
 def options(cluster: Cluster) -> LayoutOptions:
     return LayoutOptions(train_tp=(1,), train_pp=(1,), train_cp=(1, 2), zero=(3,),
                          recompute=("none", "selective", "full"), gen_tp=node_divisors(cluster), gen_pp=(1,),
-                         expert_parallel=False, sequence_parallel=False)
+                         expert_parallel=False, sequence_parallel=False,
+                         logits="bf16-ce")  # dp_actor: bf16 logits, flash-attn's in-place cross-entropy
 
 
 def build(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Graph | None:
@@ -74,7 +75,8 @@ def build(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Grap
 def megatron_options(cluster: Cluster) -> LayoutOptions:
     return LayoutOptions(train_tp=node_divisors(cluster), train_pp=None, train_cp=(1,), zero=(1,),
                          recompute=("none", "selective", "full"), gen_tp=node_divisors(cluster), gen_pp=(1,),
-                         expert_parallel=False, sequence_parallel=True)
+                         expert_parallel=False, sequence_parallel=True,
+                         logits="fused-ce")  # megatron_actor: Megatron's vocab-parallel cross-entropy
 
 
 def build_megatron(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Graph | None:
