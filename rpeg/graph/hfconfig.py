@@ -198,7 +198,17 @@ def _deepseek(c: _Config, name: str) -> dict[str, Any]:
                 experts_per_token=c.int("num_experts_per_tok"), moe_ffn=c.int("moe_intermediate_size"),
                 shared_experts=c.int("n_shared_experts", 0, positive=False),
                 dense_layers=_moe_layers(c, c.int("num_hidden_layers"), "first_k_dense_replace"),
-                tied_embeddings=c.bool("tie_word_embeddings", False))
+                tied_embeddings=c.bool("tie_word_embeddings", False), **_expert_groups(c))
+
+
+def _expert_groups(c: _Config) -> dict[str, int]:
+    """DeepSeek's node-limited routing: `n_group` groups of experts, each token's experts taken from its best
+    `topk_group` of them (topk_method group_limited_greedy in V2, noaux_tc in V3); none with topk_method
+    greedy (V2-Lite) or a single group."""
+    groups = c.int("n_group", 0, positive=False)
+    if c.data.get("topk_method", "greedy") == "greedy" or groups <= 1:
+        return {}
+    return {"expert_groups": groups, "groups_per_token": c.int("topk_group")}
 
 
 def _gpt_oss(c: _Config, name: str) -> dict[str, Any]:

@@ -39,7 +39,8 @@ _SIZE_BOUNDS = (("layers", 2_048, "the deepest models built have about 160; the 
                 ("ffn", 16_777_216, ""), ("vocab", 16_777_216, ""), ("experts", 1_048_576, ""),
                 ("experts_per_token", 1_048_576, ""), ("moe_ffn", 16_777_216, ""), ("shared_experts", 65_536, ""),
                 ("kv_lora_rank", 1_048_576, ""), ("q_lora_rank", 1_048_576, ""), ("rope_head_dim", 65_536, ""),
-                ("dense_layers", 2_048, ""), ("sliding_window", 16_777_216, ""), ("linear_key_heads", 65_536, ""),
+                ("dense_layers", 2_048, ""), ("expert_groups", 1_048_576, ""), ("groups_per_token", 1_048_576, ""),
+                ("sliding_window", 16_777_216, ""), ("linear_key_heads", 65_536, ""),
                 ("linear_value_heads", 65_536, ""), ("linear_key_dim", 65_536, ""), ("linear_value_dim", 65_536, ""),
                 ("linear_conv_kernel", 1_024, ""), ("norms_per_layer", 16, ""), ("shared_ffn", 16_777_216, ""),
                 ("vision_params", 10**12, "a vision tower of a trillion parameters"),
@@ -70,6 +71,10 @@ class ModelSpec:
     moe_ffn: int = 0  # per-expert MLP width
     shared_experts: int = 0
     dense_layers: int = 0  # leading layers that use the dense `ffn` instead of experts
+    # node-limited routing (DeepSeek-V3's n_group / topk_group): the routed experts in `expert_groups` equal
+    # groups, each token's experts taken from its best `groups_per_token` groups only; 0: no such limit
+    expert_groups: int = 0
+    groups_per_token: int = 0
     # multi-head latent attention (DeepSeek-V2/V3)
     q_lora_rank: int = 0  # 0: queries projected directly
     kv_lora_rank: int = 0
@@ -127,8 +132,9 @@ class ModelSpec:
                 problems.append("an MoE model needs moe_ffn (per-expert ffn width) > 0")
             if not 0 <= self.dense_layers <= self.layers:
                 problems.append(f"dense_layers = {self.dense_layers} must be in 0..layers = {self.layers}")
-        elif self.experts_per_token or self.shared_experts or self.dense_layers:
-            problems.append("experts_per_token, shared_experts and dense_layers need experts > 0")
+            problems += self._group_problems()
+        elif self.experts_per_token or self.shared_experts or self.dense_layers or self.expert_groups:
+            problems.append("experts_per_token, shared_experts, dense_layers and expert_groups need experts > 0")
         if self.ffn <= 0 and (not self.experts or self.dense_layers):
             problems.append(f"ffn = {self.ffn} must be positive")
         problems += self._layer_type_problems()
@@ -145,6 +151,22 @@ class ModelSpec:
         emb = self.embedding_params()
         object.__setattr__(self, "_counts", (emb + sum(layers), emb + sum(active),
                                              self.vocab * self.hidden + sum(active)))
+
+    def _group_problems(self) -> list[str]:
+        g, k = self.expert_groups, self.groups_per_token
+        if not g and not k:
+            return []
+        if g <= 0 or k <= 0:
+            return [f"expert_groups = {g} and groups_per_token = {k}: set both (node-limited routing) or neither"]
+        out = []
+        if self.experts % g:
+            out.append(f"expert_groups = {g} does not divide experts = {self.experts}")
+        if k > g:
+            out.append(f"groups_per_token = {k} exceeds expert_groups = {g}")
+        elif k * (self.experts // g) < self.experts_per_token:
+            out.append(f"groups_per_token = {k} groups of {self.experts // g} experts hold fewer than "
+                       f"experts_per_token = {self.experts_per_token}")
+        return out
 
     def _layer_type_problems(self) -> list[str]:
         if not self.layer_types:

@@ -185,7 +185,7 @@ def deepseek_v3() -> ModelSpec:
     return ModelSpec(name="deepseek-v3", layers=61, hidden=7168, heads=128, kv_heads=128, head_dim=128,
                      ffn=18432, vocab=129280, attention="mla", q_lora_rank=1536, kv_lora_rank=512,
                      rope_head_dim=64, v_head_dim=128, experts=256, experts_per_token=8, moe_ffn=2048,
-                     shared_experts=1, dense_layers=3)
+                     shared_experts=1, dense_layers=3, expert_groups=8, groups_per_token=4)
 
 
 # ---- Megatron / GPT models of the validation file (Korthikanti et al. 2022, Table 5) -------

@@ -94,7 +94,8 @@ LINK = {
                             "the link's bandwidth and latency as gloo all-reduces reach them"),
 }
 
-# ---- mixture of experts (rpeg/perf/moe.py) ------------------------------------------------------------
+# ---- mixture of experts (rpeg/perf/moe.py; its fitted constants, the routing spread and the MoE layer's host
+# time, are declared there: rpeg/perf/fitted.py) -------------------------------------------------------------
 GROUPED_GEMM_ROWS_HALF = {  # the grouped-GEMM curve over rows (tokens) per expert, by compute dtype, on GPUs
     "bf16": Factor(64.0, "as GEMM_ROWS_HALF[gpu]: a bf16 expert GEMM reaches half its large-GEMM rate at 64 rows "
                          "per expert"),
@@ -103,29 +104,11 @@ GROUPED_GEMM_ROWS_HALF = {  # the grouped-GEMM curve over rows (tokens) per expe
                          "at 256 rows per group against 1297 and 1099 at 4,096-8,192 (N x K = 4096 x 7168 and "
                          "7168 x 2048), 1040 and 916 at 512: rows / (rows + 100) to within 6%"),
 }
-ROUTING_LOAD_CV = Factor(
-    0.2, "natural routing: the spread (coefficient of variation) of one expert's load over a batch's mean under "
-         "aux-loss balancing; the busiest of ep ranks holding E/ep experts each carries 1 + cv x sqrt(2 ln ep) / "
-         "sqrt(E/ep) of the mean (the expected maximum of ep near-normal loads). Provisional, to be fitted (rows: "
-         "megatron-bridge qwen3-30b-a3b-h100-pretrain-natural, -sft-2k; the nemo-rl MoE rows): the aux-loss-free "
-         "balancing paper (Wang et al. 2024, arXiv 2408.15664) reports the busiest expert of a batch well above the "
-         "mean (MaxVio of order 0.5) under aux-loss control, 0.2 x sqrt(2 ln 64) = 0.58 for 64 experts")
-MOE_LAYER_KERNELS = Factor(
-    40.0, "the kernels of a Megatron-Core MoE layer's forward besides the expert GEMMs: the router GEMM, softmax "
-          "and top-k, the aux loss and token counts, permute (argsort, gather), the dispatcher's pre-processing and "
-          "its two all-to-alls, sort by expert, the activation, unpermute and the weighted combine "
-          "(megatron/core/transformer/moe/); each launched by the host like KERNEL_LAUNCH_S. Provisional, to be "
-          "fitted (rows: megatron-lm-moe-recipes cuda_graphs none/partial/full pairs, megatron-bridge sft-2k)")
 MOE_KERNELS_PER_EXPERT = {  # per local expert, per MoE layer forward
     "bf16": Factor(2.0, "Transformer Engine's GroupedLinear runs one cuBLAS GEMM per local expert (fc1, fc2; "
                         "general_grouped_gemm over streams), so the host launches two GEMMs per expert"),
     "fp8": Factor(4.0, "... and in fp8 each expert's input is quantized by a kernel of its own before each GEMM"),
 }
-MOE_HOST_OP_S = Factor(
-    13.5e-6, "host time of one framework op when the GPU waits for it (after the MoE dispatcher's device-to-host "
-             "sync, nothing is queued): a Transformer Engine Linear forward took 13.5 us of CPU time on a DGX H100's "
-             "Xeon 8480C (TransformerEngine issue #2053, 2025; HOST_TIME scales it on Grace); taken per kernel of "
-             "MOE_LAYER_KERNELS, an approximation to be fitted with it")
 EP_OVERLAP_SM_SHARE = Factor(
     0.18, "an all-to-all overlapped with compute runs its kernels on SMs the compute loses meanwhile: DeepEP's "
           "normal kernels take 24 of an H100's 132 SMs (its README's tests; vLLM's default is 20)")

@@ -71,6 +71,8 @@ def rows_for(selectors: Sequence[str]) -> list[Row]:
             raise RpegError(f"rows: {sel!r}: KIND is training, rl or refit; a STAGE only follows rl")
         data = read_yaml_file(str(files[stem]))
         for entry in data.get(kind) or []:
+            if unmodelled(entry, kind):
+                continue
             one = {"models": data.get("models"), kind: [entry]}
             if stage is None:
                 rid, measured = f"{stem}:{entry['id']}", None
@@ -87,10 +89,23 @@ def rows_for(selectors: Sequence[str]) -> list[Row]:
     return list(rows.values())
 
 
+def unmodelled(entry: dict, kind: str) -> bool:
+    """A training entry run under a condition the model has no mechanism for (validation.IGNORED_OPTIONS,
+    e.g. `packing: true`): its miss says nothing about a constant, so no constant is fitted on it."""
+    from rpeg.perf.validation import IGNORED_OPTIONS
+
+    return kind == "training" and any(entry.get(k) not in (None, False) for k in IGNORED_OPTIONS)
+
+
 def _measured(entry: dict, kind: str, sel: str) -> float:
-    """An entry's measured seconds, read without predicting it (the constants may have no value yet)."""
-    value = entry.get("measured_s") if kind == "refit" else entry.get("measured_iteration_s") \
-        if kind == "training" else (entry.get("measured") or {}).get("step_s")
+    """An entry's measured seconds, read without predicting it (the constants may have no value yet); a
+    training entry's as validation reads it (its iteration time, or what its published throughput implies)."""
+    if kind == "training":
+        from rpeg.perf.validation import _measured_iteration
+
+        tokens = entry.get("global_batch", 0) * entry.get("seq", 0)
+        return _measured_iteration(entry, tokens, entry.get("gpus", 0), f"rows: {sel!r}: entry {entry.get('id')!r}")
+    value = entry.get("measured_s") if kind == "refit" else (entry.get("measured") or {}).get("step_s")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise RpegError(f"rows: {sel!r}: entry {entry.get('id')!r} has no positive measured seconds")
     return float(value)
@@ -235,13 +250,19 @@ def groups(declared: dict[str, Fitted]) -> dict[str, tuple[Fitted, ...]]:
 
 
 def fit_all(declared: dict[str, Fitted] | None = None, *, passes: int = 2,
-            progress: Callable[[str], None] | None = None) -> list[GroupFit]:
+            progress: Callable[[str], None] | None = None, only: Sequence[str] = ()) -> list[GroupFit]:
     """Fit every group (in name order, `passes` times: groups sharing rows settle), then the
-    leave-one-out predictions of each with the others held at their final values."""
+    leave-one-out predictions of each with the others held at their final values. `only`: fit these
+    groups alone, the others held at their stored values (a quick loop; a shipped file comes from all)."""
     declared = load_all() if declared is None else declared
     current = {name: (rec["value"] if (rec := fitted.fitted_file().get(name)) else c.start)
                for name, c in declared.items()}
     by_group = groups(declared)
+    unknown = sorted(set(only) - set(by_group))
+    if unknown:
+        raise RpegError(f"--only: {unknown[0]!r} is not a group of fitted constants ({', '.join(by_group)})")
+    if only:
+        by_group = {g: cs for g, cs in by_group.items() if g in only}
     group_rows = {}
     for g, cs in by_group.items():
         held = {k: v for k, v in current.items() if k not in {c.name for c in cs}}
@@ -276,6 +297,18 @@ def records(fits: list[GroupFit], declared: dict[str, Fitted]) -> dict:
             "rows": {rid: {"measured": m, "in_sample": round(a, 4), "loo": round(b, 4)}
                      for rid, m, a, b in zip(f.rows, f.measured, f.in_sample, f.loo)}}
     return {"command": FIT_COMMAND, "constants": constants, "groups": group_data}
+
+
+def merged(data: dict, path=fitted.FITTED_PATH) -> dict:
+    """`data` (records of some groups) over the stored file's records of the others."""
+    import yaml
+
+    if not path.exists():
+        return data
+    with open(path, encoding="utf-8") as f:
+        old = yaml.safe_load(f) or {}
+    return {"command": FIT_COMMAND, "constants": {**(old.get("constants") or {}), **data["constants"]},
+            "groups": {**(old.get("groups") or {}), **data["groups"]}}
 
 
 def write(data: dict, path=fitted.FITTED_PATH) -> None:
@@ -340,4 +373,4 @@ def _groups_stored() -> dict:
 
 
 __all__ = ["GroupFit", "LooRow", "Row", "exercising", "fit_all", "fit_group", "groups", "load_all", "loo_report",
-           "loss", "mape", "records", "rows_for", "search", "write"]
+           "loss", "mape", "merged", "records", "rows_for", "search", "unmodelled", "write"]

@@ -9,7 +9,7 @@ backward, not overlapped (Megatron-LM's default); context-parallel KV exchange o
 attention; the expert-parallel exchange (dispatch and combine) in the forward and again in the
 backward, as the layout's dispatcher sends it, overlapped with the other micro-batch's compute under
 ep_overlap, the busiest rank's under natural routing (rpeg/perf/moe.py); kernel launches per layer,
-an MoE layer's own (MOE_LAYER_KERNELS and per local expert; in the forward at a host op's time, the
+an MoE layer's own (moe.LAYER_KERNELS and per local expert; in the forward at a host op's time, the
 dispatcher's sync leaving the GPU waiting) on a line of their own, removed by CUDA graphs (partial:
 the dense part; full: all); pipeline sends of the activations at each stage boundary. After the
 last micro-batch: the gradient reduction over data parallelism, partly overlapped, and the
@@ -106,7 +106,8 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
         cp_fwd = max(0.0, ring - fwd.attention_s / layers_per_stage) * layers_per_stage
     ep_fwd = 0.0
     if moe_l and ep > 1:  # dispatch and combine, each one direction of the dispatcher's copies (perf/moe.py)
-        ep_fwd = 2 * moe.dispatch_s(cluster, spec, tokens, ep, layout.dispatcher, load) * moe_l * share
+        ep_fwd = 2 * moe.dispatch_s(cluster, spec, moe.dispatched_tokens(tokens, tp), ep, layout.dispatcher,
+                                    load) * moe_l * share
 
     passes = 1 if work.forward_only else 3  # a backward is twice the forward
     # a full recompute runs the recomputed layers' forward again (recipe_options.recomputed_fraction)

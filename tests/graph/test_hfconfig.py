@@ -113,3 +113,28 @@ def test_a_file_that_is_not_json_is_one_line(tmp_path):
         load_config(str(tmp_path))
     bad.write_text(json.dumps(cfg("Qwen/Qwen3-4B")))
     assert load_config(str(tmp_path))[0].name == str(tmp_path)
+
+
+def test_node_limited_routing_is_read_from_deepseek_configs():
+    """DeepSeek-V3's n_group 8 / topk_group 4 (topk_method noaux_tc) and V2's 8 / 3 (group_limited_greedy)
+    limit each token's experts to a few groups; topk_method greedy (V2-Lite, VL2) ignores the groups."""
+    v3 = catalogue()["deepseek-ai/DeepSeek-V3"].config
+    spec, _ = read_config(dict(v3), "v3")
+    assert (spec.expert_groups, spec.groups_per_token) == (8, 4)
+    assert spec == get_model("deepseek-v3").replace(name="v3")
+    spec, _ = read_config({**v3, "topk_method": "greedy"}, "greedy")
+    assert (spec.expert_groups, spec.groups_per_token) == (0, 0)
+    v2, _ = read_config(dict(catalogue()["deepseek-ai/DeepSeek-V2"].config), "v2")
+    assert (v2.expert_groups, v2.groups_per_token) == (8, 3)
+
+
+@pytest.mark.parametrize("fields, needle", [
+    (dict(expert_groups=8, groups_per_token=0), "expert_groups = 8 and groups_per_token = 0: set both"),
+    (dict(expert_groups=7, groups_per_token=4), "expert_groups = 7 does not divide experts = 256"),
+    (dict(expert_groups=8, groups_per_token=9), "groups_per_token = 9 exceeds expert_groups = 8"),
+    (dict(expert_groups=64, groups_per_token=1), "groups_per_token = 1 groups of 4 experts hold fewer than"),
+])
+def test_expert_groups_are_checked(fields, needle):
+    with pytest.raises(RpegError) as info:
+        get_model("deepseek-v3").replace(**fields)
+    assert needle in str(info.value) and "\n" not in str(info.value)

@@ -117,3 +117,30 @@ def test_the_fitted_values_are_package_data():
 
     text = (pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml").read_text(encoding="utf-8")
     assert '"data/fitted.yaml"' in text
+
+
+def test_rows_without_a_modelled_condition_are_not_fitted_on():
+    """A training row run under a condition the model has no mechanism for (validation.IGNORED_OPTIONS:
+    packing) is left out; a training row's measured seconds are what validation reads, an iteration time
+    or the one its published throughput implies (global_batch x seq / (tokens/s/GPU x gpus))."""
+    from rpeg.perf.fit import unmodelled
+
+    assert unmodelled({"packing": True}, "training") and not unmodelled({"packing": False}, "training")
+    assert not unmodelled({"packing": True}, "rl")  # an rl entry's packing is modelled (NeMo-RL's)
+    rows = {r.id: r for r in rows_for(["megatron-bridge:training"])}
+    assert "megatron-bridge:qwen3-30b-a3b-h100-sft-2k" not in rows
+    assert "megatron-bridge:qwen3-30b-a3b-h100-pretrain-natural" in rows
+    # s2604-qwen3-235b-h100-fp8 publishes 1,712 tokens/s/GPU: 8,192 x 4,096 / (1,712 x 256) = 76.56 s
+    assert rows["megatron-bridge:s2604-qwen3-235b-h100-fp8"].measured == pytest.approx(8192 * 4096 / (1712 * 256))
+
+
+def test_only_named_groups_are_refitted_and_merged(tmp_path):
+    from rpeg.perf.fit import fit_all, merged
+
+    with pytest.raises(RpegError, match="--only: 'nope' is not a group of fitted constants"):
+        fit_all(only=["nope"])
+    stored = tmp_path / "fitted.yaml"
+    stored.write_text("constants: {a: {value: 1.0}, b: {value: 2.0}}\ngroups: {A: {x: 1}, B: {x: 2}}\n")
+    out = merged({"constants": {"b": {"value": 3.0}}, "groups": {"B": {"x": 3}}}, stored)
+    assert out["constants"] == {"a": {"value": 1.0}, "b": {"value": 3.0}}
+    assert out["groups"] == {"A": {"x": 1}, "B": {"x": 3}}

@@ -3,6 +3,10 @@
 Qwen3-30B-A3B: 128 experts, top-8, hidden 2048, moe_ffn 768, SwiGLU. DGX H100 (rpeg/hardware/clusters/
 dgx-h100.yaml): 8 GPUs per node over NVLink (450 GB/s x LINK[nvlink] 0.8 = 360 GB/s, 2 us a step),
 one 400 Gb/s NIC per GPU across nodes (50 GB/s x LINK[infiniband] 0.9 = 45 GB/s, 5 us a step).
+
+The fitted constants (moe.LAYER_KERNELS, moe.HOST_OP_S, moe.ROUTING_LOAD_CV; rpeg/data/fitted.yaml) are pinned
+here to round values (40 kernels, 13.5 us, cv 0.2) so that the hand computations do not move with a refit;
+`test_the_fitted_constants_are_read_where_they_act` checks each one reaches its term.
 """
 
 from __future__ import annotations
@@ -16,12 +20,22 @@ from rpeg.graph import ParallelLayout, get_model
 from rpeg.hardware import load_cluster
 from rpeg.perf import moe
 from rpeg.perf.collectives import Group, all_to_all_s, exchange_s
-from rpeg.perf.efficiency import (EP_OVERLAP_SM_SHARE, KERNEL_LAUNCH_S, LINK, MOE_HOST_OP_S, MOE_KERNELS_PER_EXPERT,
-                                  MOE_LAYER_KERNELS, ROUTING_LOAD_CV)
+from rpeg.perf.efficiency import EP_OVERLAP_SM_SHARE, KERNEL_LAUNCH_S, LINK, MOE_KERNELS_PER_EXPERT
+from rpeg.perf.fitted import override
+from rpeg.perf.moe import HOST_OP_S as MOE_HOST_OP_S
+from rpeg.perf.moe import LAYER_KERNELS as MOE_LAYER_KERNELS
+from rpeg.perf.moe import ROUTING_LOAD_CV
 from rpeg.perf.training import PassWorkload, pass_cost
 
 NVLINK = 450e9 * LINK["nvlink"].value
 NIC = 50e9 * LINK["infiniband"].value
+PINNED = {"moe.layer_kernels": 40.0, "moe.host_op_s": 13.5e-6, "moe.routing_load_cv": 0.2}
+
+
+@pytest.fixture(autouse=True)
+def pinned_constants():
+    with override(PINNED):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -251,3 +265,62 @@ def test_layout_refuses_a_bad_capacity(layout, needle):
     with pytest.raises(RpegError) as info:
         ParallelLayout(dp=16, ep=16, **layout)
     assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_fitted_constants_are_read_where_they_act(qwen):
+    # cv 0.5 at EP16: 1 + 0.5 x 2.3548 / 2.8284 = 1.4163
+    with override({"moe.routing_load_cv": 0.5}):
+        assert moe.busiest_rank_load(qwen, 16, "natural") == pytest.approx(1.4163, abs=1e-4)
+    # 25 kernels + 2 x 16 local experts = 57; at 20 us each in the forward, 4 us each twice over in the backward
+    with override({"moe.layer_kernels": 25.0, "moe.host_op_s": 20e-6}):
+        assert moe.moe_launches(qwen, 8, "bf16", "none") == 57
+        assert moe.moe_host_s(57, 1.0) == (pytest.approx(57 * 20e-6), pytest.approx(2 * 57 * 4e-6))
+
+
+def test_node_limited_routing_reaches_fewer_nodes():
+    """DeepSeek-V3: 256 experts in 8 groups of 32, each token's 8 experts from 4 of the groups. On 8 nodes
+    (EP64 of DGX H100s) a node holds one group: it is hit only if its group is drawn (4 of 8) and then
+    unless all 8 experts fall in the other 3 drawn groups' 96 of 128: 1/2 (1 - C(96, 8) / C(128, 8))."""
+    miss_in_pool = math.comb(96, 8) / math.comb(128, 8)  # 0.0930
+    node = moe.hit_probability(256, 8, 8, 8, 4)
+    assert node == pytest.approx(0.5 * (1 - miss_in_pool), rel=1e-12)
+    assert 7 * node == pytest.approx(3.175, abs=1e-3)  # other nodes reached, against 7 x 0.6618 = 4.633 uniform
+    assert moe.hit_probability(256, 8, 8) == pytest.approx(1 - math.comb(224, 8) / math.comb(256, 8), rel=1e-12)
+    # a rank of 4 experts inside one group: 1/2 (1 - C(124, 8) / C(128, 8))
+    assert moe.hit_probability(256, 8, 64, 8, 4) == pytest.approx(
+        0.5 * (1 - math.comb(124, 8) / math.comb(128, 8)), rel=1e-12)
+    # 4 nodes of two groups each: j of a node's 2 groups drawn with C(2, j) C(6, 4 - j) / C(8, 4) = 15, 40, 15 / 70
+    four = 1 - (15 + 40 * miss_in_pool + 15 * math.comb(64, 8) / math.comb(128, 8)) / 70
+    assert moe.hit_probability(256, 8, 4, 8, 4) == pytest.approx(four, rel=1e-12)
+    # no limit when every group may be drawn, or with one group
+    assert moe.hit_probability(256, 8, 8, 8, 8) == moe.hit_probability(256, 8, 8)
+    assert moe.hit_probability(256, 8, 8, 1, 1) == moe.hit_probability(256, 8, 8)
+
+
+def test_deepseek_v3_exchange_on_eight_h100_nodes():
+    """EP64 over 8 DGX H100 nodes with HybridEP: 3.175 node copies per token across the network; each rank
+    dispatches its 2,048 tokens (4,096 a micro-batch over TP2 with sequence parallelism), 14,336 B each in
+    bf16: 2,048 x 3.175 x 14,336 B = 93.2 MB at 45 GB/s = 2.07 ms, plus 63 steps of 5 us."""
+    dsv3 = get_model("deepseek-v3")
+    assert (dsv3.expert_groups, dsv3.groups_per_token) == (8, 4)
+    c = moe.token_copies(dsv3, 64, 8, "hybridep", scale_out=True)
+    assert c.outside == pytest.approx(7 * moe.hit_probability(256, 8, 8, 8, 4), rel=1e-12)
+    assert c.inside == pytest.approx(8 * 7 * moe.hit_probability(256, 8, 64, 8, 4), rel=1e-12)
+    cluster = load_cluster("dgx-h100", 1024)
+    tokens = moe.dispatched_tokens(4096, 2)
+    assert tokens == 2048
+    per_copy = 2048 * 7168 * 2
+    expected = max(c.inside * per_copy / NVLINK, c.outside * per_copy / NIC) + 63 * 5e-6
+    assert moe.dispatch_s(cluster, dsv3, tokens, 64, "hybridep") == pytest.approx(expected, rel=1e-12)
+    assert expected == pytest.approx(2.07e-3 + 315e-6, rel=0.01)
+
+
+def test_a_tensor_parallel_rank_dispatches_its_sequence_shard(qwen):
+    """With tp = 2 (sequence parallel, as Megatron requires for MoE) each rank sends half the micro-batch's
+    tokens into the exchange: 8 micro-batches x 48 layers x 4 directions x dispatch_s(2,048 tokens)."""
+    cluster = load_cluster("dgx-h100", 32)
+    lay = ParallelLayout(dp=16, tp=2, ep=16, zero=1, sequence_parallel=True)
+    work = PassWorkload(sequences=128, seq_len=4096, attention_context=2048.5, micro_batch=1, dtype="bf16")
+    parts = dict(pass_cost("t", qwen, lay, cluster, work).parts)
+    assert parts["expert-parallel comm"] == pytest.approx(8 * 48 * 4 * moe.dispatch_s(cluster, qwen, 2048, 16,
+                                                                                      "alltoall"), rel=1e-9)
