@@ -7,7 +7,7 @@ import dataclasses
 from rpeg.errors import RpegError
 from rpeg.graph import Graph, Kind, Stage
 from rpeg.hardware.topology import Cluster
-from rpeg.perf import memory
+from rpeg.perf import batchdata, memory
 from rpeg.perf.calls import with_serial_calls
 from rpeg.perf.compute import BF16
 from rpeg.perf.cost import StageCost
@@ -76,10 +76,20 @@ def stage_cost(graph: Graph, stage: Stage, cluster: Cluster) -> StageCost:
         if graph.call_sequences:  # the engine reached in serial calls of a few sequences (passes/calls.py)
             cost = with_serial_calls(cost, spec, stage.layout, cluster, work, graph.call_sequences, colocated)
         return cost
-    cost = pass_cost(stage.name, spec, stage.layout, cluster, _pass_workload(graph, stage, train=stage.kind is Kind.TRAIN))
+    train = stage.kind is Kind.TRAIN
+    cost = pass_cost(stage.name, spec, stage.layout, cluster, _pass_workload(graph, stage, train=train))
+    cost = _with_batch_transfer(graph, stage, cost, train=train)
     if graph.reference_on_host and stage.model == "ref" and stage.kind is Kind.INFER:
         cost = _with_reference_swap(graph, stage, cost, cluster)
     return cost
+
+
+def _with_batch_transfer(graph: Graph, stage: Stage, cost: StageCost, *, train: bool) -> StageCost:
+    """The pass's batch, padded to the step's longest sequence, shipped by the driver to every worker
+    (rpeg/perf/batchdata.py): one call per pass, its own line of the breakdown."""
+    s = batchdata.batch_transfer_s(stage.layout, graph.stage_sequences(stage), padded_length(graph), train=train)
+    return dataclasses.replace(cost, seconds=cost.seconds + s, comm_s=cost.comm_s + s,
+                               parts=cost.parts + ((batchdata.LABEL, s),))
 
 
 def _with_reference_swap(graph: Graph, stage: Stage, cost: StageCost, cluster: Cluster) -> StageCost:
