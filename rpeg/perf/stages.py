@@ -7,7 +7,7 @@ import dataclasses
 from rpeg.errors import RpegError
 from rpeg.graph import Graph, Kind, Stage
 from rpeg.hardware.topology import Cluster
-from rpeg.perf import memory
+from rpeg.perf import batchdata, memory
 from rpeg.perf.calls import with_serial_calls
 from rpeg.perf.compute import BF16
 from rpeg.perf.cost import StageCost
@@ -79,7 +79,9 @@ def stage_cost(graph: Graph, stage: Stage, cluster: Cluster) -> StageCost:
         if any(s.kind is Kind.SYNC and s.model == stage.model for s in graph.stages):  # it receives new weights
             cost = _with_memory(cost, ((RECEIVE_BUFFER, receive_buffer_bytes(spec, stage.layout, graph.refit_gather)),))
         return cost
-    cost = pass_cost(stage.name, spec, stage.layout, cluster, _pass_workload(graph, stage, train=stage.kind is Kind.TRAIN))
+    train = stage.kind is Kind.TRAIN
+    cost = pass_cost(stage.name, spec, stage.layout, cluster, _pass_workload(graph, stage, train=train))
+    cost = _with_batch_transfer(graph, stage, cost, train=train)
     if graph.reference_on_host and stage.model == "ref" and stage.kind is Kind.INFER:
         cost = _with_reference_swap(graph, stage, cost, cluster)
     return _with_sleeping_engines(graph, stage, cost)
@@ -109,6 +111,14 @@ def _with_sleeping_engines(graph: Graph, stage: Stage, cost: StageCost) -> Stage
     """A training or forward pass on devices where a generation engine sleeps keeps beside it what the
     sleep does not release (`sleeping_engine_parts`)."""
     return _with_memory(cost, sleeping_engine_parts(graph, stage))
+
+
+def _with_batch_transfer(graph: Graph, stage: Stage, cost: StageCost, *, train: bool) -> StageCost:
+    """The pass's batch, padded to the step's longest sequence, shipped by the driver to every worker
+    (rpeg/perf/batchdata.py): one call per pass, its own line of the breakdown."""
+    s = batchdata.batch_transfer_s(stage.layout, graph.stage_sequences(stage), padded_length(graph), train=train)
+    return dataclasses.replace(cost, seconds=cost.seconds + s, comm_s=cost.comm_s + s,
+                               parts=cost.parts + ((batchdata.LABEL, s),))
 
 
 def _with_reference_swap(graph: Graph, stage: Stage, cost: StageCost, cluster: Cluster) -> StageCost:
