@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 from rpeg.graph.model import ModelSpec
 from rpeg.hardware.device import Device
-from rpeg.perf.moe import expert_output_bytes, expert_rows_efficiency, quantize_bytes
 from rpeg.perf.efficiency import ATTENTION, DECODE_HBM, GEMM_ROWS_HALF, HBM, gemm_efficiency
+from rpeg.perf.flops import attended_keys, attended_pairs
+from rpeg.perf.moe import expert_output_bytes, expert_rows_efficiency, quantize_bytes
 
 BF16 = 2
 
@@ -129,14 +130,21 @@ def layer_forward(spec: ModelSpec, device: Device, *, tokens: float, context: fl
         weight_bytes += e_bytes
         permute_bytes = 4 * BF16 * assignments * spec.hidden / tp  # permute in and out, read and write
         permute_bytes += quantize_bytes(spec, assignments, tp, dtype)
-    # attention core: QK^T and AV
+    # attention core: QK^T and AV, over the keys each layer attends to on average (flops.attended_*:
+    # sliding-window layers at most their window, linear-attention layers none)
     heads = spec.heads / tp
+    if spec.layer_types:
+        span = max(2 * context - 1, 0.0)  # the pass's length, from its mean causal context (S + 1) / 2
+        if kv_read_tokens:
+            context = attended_keys(spec, context)
+        else:
+            context = attended_pairs(spec, span) / span if span > 0 else 0.0
     keys = context if flash_attention else 2 * context
     attn_flops = 2.0 * tokens * keys * heads * (spec.q_head_dim + spec.v_head_dim)
     score_bytes = 0.0 if flash_attention else 4 * BF16 * tokens * keys * heads  # write, read, write, read
     kv_bytes = 0.0
     if kv_read_tokens:
-        per_token = spec.kv_elements_per_token() / spec.layers * BF16
+        per_token = spec.kv_elements_per_token(kv_read_tokens / max(tokens, 1e-9)) / spec.layers * BF16
         if spec.attention != "mla":
             per_token /= min(tp, spec.kv_heads)
         kv_bytes = kv_read_tokens * per_token

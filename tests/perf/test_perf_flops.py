@@ -64,3 +64,33 @@ def test_generation_flops_are_the_layers_over_prompt_plus_r_minus_one_and_the_he
     got = expected_generation_flops(spec, p, LengthDistribution.fixed(r))
     assert got == pytest.approx(hand, rel=1e-12)
     assert got < sequence_forward_flops(spec, p + r)
+
+
+def test_sliding_window_layers_attend_to_their_window_only():
+    """gpt-oss-120b: 36 layers, every other one a 128-token window. A causal pass over 4,096 tokens:
+    a full layer 4,096 x 4,097 / 2 = 8,390,656 (query, key) pairs, a sliding one 128 x 129 / 2 +
+    (4,096 - 128) x 128 = 516,160; the mean over the layers 4,453,408. A decode step at position
+    1,000 reads 1,000 keys in a full layer and 128 in a sliding one: 564 on average. A dense model is
+    unchanged: S(S + 1) / 2 and S."""
+    from rpeg.graph import LengthDistribution
+    from rpeg.perf.compute import layer_forward
+    from rpeg.perf.flops import (attention_flops_per_context_token, attended_keys, attended_pairs,
+                                 expected_attended_pairs, expected_forward_flops)
+    from rpeg.hardware import load_cluster
+
+    oss, llama = get_model("gpt-oss-120b"), get_model("llama-3.1-8B")
+    assert attended_pairs(oss, 4096) == (18 * 8_390_656 + 18 * 516_160) / 36 == 4_453_408
+    assert attended_pairs(oss, 100) == 100 * 101 / 2  # shorter than the window: as full attention
+    assert attended_keys(oss, 1000) == (1000 + 128) / 2 == 564
+    assert attended_pairs(llama, 4096) == 8_390_656 and attended_keys(llama, 1000) == 1000
+    assert sequence_forward_flops(oss, 4096) == pytest.approx(
+        2 * oss.params_matmul_active() * 4096 + attention_flops_per_context_token(oss) * 4_453_408)
+    # the expectation over a length distribution: every sequence longer than the window, exact
+    fixed = LengthDistribution.fixed(3584)
+    assert expected_attended_pairs(oss, 512, fixed) == pytest.approx(4_453_408)
+    assert expected_forward_flops(oss, 512, fixed) == pytest.approx(sequence_forward_flops(oss, 4096))
+    # the time model attends over the same keys: a pass's mean context (S + 1) / 2 becomes 4,453,408 / 4,096
+    h100 = load_cluster("dgx-h100", 8).device
+    t = layer_forward(oss, h100, tokens=4096, context=4097 / 2)
+    one_key = layer_forward(oss, h100, tokens=4096, context=1.0)  # S = 1: one key per token in every layer
+    assert t.flops - one_key.flops == pytest.approx(2 * 4096 * (4_453_408 / 4096 - 1) * 64 * (64 + 64), rel=1e-9)
