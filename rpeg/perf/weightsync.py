@@ -88,18 +88,18 @@ TENSOR_HOST_S = {
     "megatron": declare(
         "weightsync.tensor_host_s[megatron]", unit="s per tensor", bounds=(1e-6, 3e-2), rows=_SYNC_ROWS,
         group="weightsync[megatron]",
-        mechanism="host time per weight tensor of a Megatron trainer's weight export, on an x86 host (scaled by "
-                  "HOST_TIME): the loop over the Hugging Face tensors, one per expert (NeMo-RL's gather_params / "
-                  "Megatron-Bridge export_hf_weights, verl's per_tensor_generator): name mapping, the "
-                  "collectives' launch and a synchronisation per tensor, the packing of each into the bucket and "
-                  "the engine's weight_loader call for it on the other side"),
+        mechanism="host time per export task of a Megatron trainer's weight export, on an x86 host (scaled by "
+                  "HOST_TIME): the loop over its conversion tasks, one per Megatron parameter and a routed "
+                  "expert's per local expert, gathered over expert parallelism in one collective (export_tasks: "
+                  "NeMo-RL v0.3's gather_params, Megatron-Bridge's export_hf_weights in v0.5/v0.6, verl's "
+                  "per_tensor_generator): name mapping, the collectives' launch and a synchronisation per task, "
+                  "the packing of the tensors it yields into the bucket"),
     "fsdp": declare(
         "weightsync.tensor_host_s[fsdp]", unit="s per tensor", bounds=(1e-6, 3e-2), rows=_SYNC_ROWS,
         group="weightsync[fsdp]",
         mechanism="host time per weight tensor of an FSDP / ZeRO-3 trainer's weight export, on an x86 host: "
                   "the loop over the state dict (verl's get_per_tensor_param: DTensor full_tensor(), the cast and "
-                  "the copy to the device per parameter; VeOmni's fused experts split into one tensor per expert), "
-                  "and the engine's weight_loader call per tensor"),
+                  "the copy to the device per parameter; VeOmni's fused experts split into one tensor per expert)"),
 }
 ASSEMBLY_BYTES_PER_S = {
     "megatron": declare(
@@ -119,14 +119,41 @@ ASSEMBLY_BYTES_PER_S = {
 }
 
 
+LOAD_TENSOR_S = declare(
+    "weightsync.load_tensor_s", unit="s per tensor", bounds=(1e-6, 3e-2), rows=_SYNC_ROWS, group="weightsync[engine]",
+    mechanism="host time per Hugging Face tensor an engine loads from a full-weight sync, on an x86 host (scaled by "
+              "HOST_TIME): the engine's load_weights loop maps each name (vLLM's DeepSeek-V2/V3 and Qwen3-MoE "
+              "loaders walk the stacked and expert parameter mappings, three per routed expert, for every tensor) "
+              "and calls the parameter's weight_loader, which narrows the full tensor to the engine's slice and "
+              "copies it in (vLLM FusedMoE.weight_loader per expert and shard). Every engine worker loads every "
+              "tensor it is sent in full (NeMo-RL packed_broadcast_consumer, stream_weights_via_ipc_zmq)")
+
+
 def trainer_engine(train: ParallelLayout) -> str:
     """Whose weight export loop a sync runs: FSDP / ZeRO-3 (zero 3) or Megatron (the rest)."""
     return "fsdp" if train.zero >= 3 else "megatron"
 
 
+def export_tasks(spec: ModelSpec, train: ParallelLayout) -> float:
+    """The tensors a trainer's full-weight export loop walks, each with its collectives and its host work.
+    FSDP / ZeRO-3: every Hugging Face tensor (`weight_tensors`: verl's get_per_tensor_param, one
+    full_tensor() each; VeOmni splits fused experts into one per expert). Megatron: one task per Megatron
+    parameter, and a routed expert's is per *local* expert: the owning pipeline stage broadcasts its
+    expert-parallel rank's linear_fc1 / linear_fc2 of local expert L, then one all-gather over expert
+    parallelism yields that weight of all ep experts {L + k E/ep} (Megatron-Bridge's
+    broadcast_from_pp_rank then gather_from_ep_ranks, which NeMo-RL v0.5/v0.6's export_hf_weights runs;
+    NeMo-RL v0.3's gather_params likewise), gate and up coming out of one fused fc1: DeepSeek-V3 at ep 16
+    walks 58 x 16 x 2 expert tasks, not 58 x 256 x 3 expert tensors."""
+    tensors = weight_tensors(spec)
+    if trainer_engine(train) == "fsdp" or not spec.is_moe:
+        return tensors
+    per_expert = 3 if spec.ffn_act == "swiglu" else 2
+    return tensors - spec.moe_layers * spec.experts * (per_expert - 2 / max(1, train.ep))
+
+
 def export_parts(spec: ModelSpec, train: ParallelLayout, dev, nbytes: float, tensors: float) -> tuple[tuple[str, float],
                                                                                                        ...]:
-    """The sender's own work besides the collectives, each its own line: `tensors` weight tensors at
+    """The sender's own work besides the collectives, each its own line: `tensors` export tasks at
     TENSOR_HOST_S (per tensor, by the trainer's engine, times the host's HOST_TIME) and `nbytes`
     assembled at ASSEMBLY_BYTES_PER_S. cpu-local devices: none (their calibrated gather_tensor_s
     times the per-tensor loop itself)."""
@@ -136,6 +163,14 @@ def export_parts(spec: ModelSpec, train: ParallelLayout, dev, nbytes: float, ten
     return ((f"sender: per-tensor work ({tensors:,.0f} tensors, {engine})",
              tensors * TENSOR_HOST_S[engine].value * host_time(dev)),
             (f"sender: assemble {nbytes / 1e9:,.1f} GB ({engine})", nbytes / ASSEMBLY_BYTES_PER_S[engine].value))
+
+
+def load_s(spec: ModelSpec, dev) -> float:
+    """The engine's host time to load a full-weight sync: every Hugging Face tensor through its
+    load_weights / weight_loader (LOAD_TENSOR_S, times the engine host's HOST_TIME). cpu-local: none."""
+    if dev.kind == "cpu":
+        return 0.0
+    return weight_tensors(spec) * LOAD_TENSOR_S.value * host_time(dev)
 
 
 def weight_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: ParallelLayout, cluster: Cluster, *,
@@ -148,14 +183,17 @@ def weight_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: Par
     bucket, where known (it only names the bucket count in the breakdown).
 
     Lines, as the systems run a sync (their order): the collectives that gather the tensors; the
-    sender's per-tensor work and its assembly (`export_parts`, fitted); the copy into the buckets
-    (full gathers pack every tensor into a bucket buffer: NeMo-RL's packed_broadcast_producer and
-    stream_weights_via_ipc_zmq, verl's checkpoint engines); the wire per transport; the receiver's
-    load_weights copy into the engine. Colocated, the engine reads each bucket through a CUDA IPC
-    handle (no wire) and the sender waits for its acknowledgement before refilling the buffer (verl
-    PR #7589: the bucketed sync is lock-step), so the lines add. Disaggregated with one sender, the
-    NCCL broadcast of bucket i runs while bucket i + 1 is filled (verl's nccl engine, NeMo-RL's
-    double-buffered packed broadcast), so only the wire beyond the sender's work shows."""
+    sender's per-tensor work over its export tasks (`export_tasks`) and its assembly (`export_parts`,
+    fitted); the copy into the buckets (full gathers pack every tensor into a bucket buffer: NeMo-RL's
+    packed_broadcast_producer and stream_weights_via_ipc_zmq, verl's checkpoint engines); with full
+    gathers, the engine's per-tensor load of every Hugging Face tensor (`load_s`, fitted); the wire per
+    transport; the receiver's load_weights copy into the engine. Colocated, the engine reads each
+    bucket through a CUDA IPC handle (no wire) and the sender waits for its acknowledgement before
+    refilling the buffer (verl PR #7589: the bucketed sync is lock-step), so the lines add (NeMo-RL
+    v0.5+'s stream_weights_via_ipc_zmq ping-pongs two buffers; not modelled apart). Disaggregated with
+    one sender, the NCCL broadcast of bucket i runs while bucket i + 1 is filled and the engines load
+    bucket i - 1 (NeMo-RL's double-buffered packed broadcast, verl's nccl engine), so only the
+    slowest of the three shows, the others as what lies beyond."""
     total = spec.params_total() * BF16
     shard = total / gen.tp / gen.pp
     dev = cluster.device
@@ -165,20 +203,26 @@ def weight_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: Par
     tensors = weight_tensors(spec)
     if gather == "full":
         buckets = f" ({math.ceil(total / bucket_bytes):,} of {bucket_bytes / 2**20:,.0f} MB)" if bucket_bytes else ""
-        sender = full_gather_parts(spec, train, cluster) + export_parts(spec, train, dev, total, tensors) + \
+        sender = full_gather_parts(spec, train, cluster) + \
+            export_parts(spec, train, dev, total, export_tasks(spec, train)) + \
             ((f"pack into buckets{buckets}", _pack_s(total, dev)),)
+        sender_s, receiver_s = sum(v for _, v in sender), load_s(spec, dev)
+        receiver = f"receiver: load {weight_tensors(spec):,} tensors"
         if colocated:
-            parts = sender + (load,)
+            # the engine loads each bucket before the sender refills it (lock-step): the lines add
+            parts = sender + ((receiver, receiver_s), load)
         else:
-            # one rank broadcasts the whole model to every generation device (NeMo-RL's
-            # packed_broadcast_producer(src=0), verl's nccl engine, OpenRLHF's rank-0 broadcast after
-            # ZeRO-3's GatheredParameters): a pipelined ring whose slowest link sets the pace
-            span = cluster.span(2, max(1, separation))
-            link = span.level.effective_bandwidth_bytes_per_s * link_efficiency(span.level.link)
-            ring = broadcast_s(cluster, total, Group(gen.devices, 1))
-            wire = max(total / link + span.level.latency_s, ring)
-            parts = sender + (("broadcast to generation, one sender, beyond the sender's work",
-                               max(0.0, wire - sum(v for _, v in sender))), load)
+            # one rank broadcasts the whole model (NeMo-RL's packed_broadcast_producer(src=0), verl's
+            # nccl engine, OpenRLHF's rank-0 broadcast after ZeRO-3's GatheredParameters) in an NCCL
+            # communicator that holds every trainer rank and every engine rank (NeMo-RL's init_collective:
+            # world_size = train_world_size + inference_world_size): a pipelined ring whose channels leave
+            # each node through each of its ranks' NICs. Double-buffered (packed_broadcast_producer and
+            # _consumer, NRL_REFIT_NUM_BUFFERS 2): the sender fills bucket i + 1 while bucket i is on the
+            # wire and the engines load bucket i - 1, so the slowest of the three sets the pace
+            wire = broadcast_s(cluster, total, Group(train.devices + gen.devices, 1))
+            parts = sender + ((f"{receiver}, beyond the sender's work", max(0.0, receiver_s - sender_s)),
+                              ("broadcast to generation, one sender, beyond the sender's and receiver's work",
+                               max(0.0, wire - max(sender_s, receiver_s))), load)
     elif colocated:
         gather_s = all_gather_s(cluster, shard, Group(min(mp, cluster.gpus_per_node), 1))
         if mp > cluster.gpus_per_node:  # pipeline stages on other nodes
@@ -220,11 +264,14 @@ def full_gather_parts(spec: ModelSpec, train: ParallelLayout, cluster: Cluster) 
     if train.tp > 1:  # each split tensor its own collective, as NeMo-RL's gather_params and DTensor's full_tensor()
         parts.append(("gather over tensor parallelism",
                       _tensorwise_s(cluster, dense / train.pp, Group(train.tp, 1), tp_split_tensors(spec) / train.pp)))
-    if experts and train.ep > 1:
-        parts.append(("gather experts", all_gather_s(cluster, experts / train.pp, Group(train.ep, 1))))
     if train.pp > 1:
-        parts.append(("broadcast over pipeline stages",
-                      broadcast_s(cluster, total, Group(train.pp, train.tp * train.cp * train.dp))))
+        # every pipeline group broadcasts in parallel, each its own expert-parallel rank's local experts
+        # (Megatron-Bridge's broadcast_from_pp_rank before gather_from_ep_ranks; NeMo-RL v0.3's
+        # gather_params): the dense weights and 1/ep of the routed experts
+        parts.append(("broadcast over pipeline stages", broadcast_s(cluster, dense + experts / max(1, train.ep),
+                                                                    Group(train.pp, train.tp * train.cp * train.dp))))
+    if experts and train.ep > 1:  # after the broadcast every rank gathers every layer's experts
+        parts.append(("gather experts", all_gather_s(cluster, experts, Group(train.ep, train.tp))))
     return tuple(parts)
 
 

@@ -134,19 +134,20 @@ def test_the_refit_pass_sets_the_gather_the_cost_follows_it_and_bad_values_are_r
 
 def test_a_full_sync_to_separate_engines_comes_from_one_sender_and_hides_the_gather_under_it():
     """NeMo-RL's broadcast_weights_for_collective (packed_broadcast_producer, src=0) and OpenRLHF's
-    rank-0 broadcast: the whole model leaves one device, so it costs at least the model over that
-    device's link, whatever the number of trainers; the gathers of the next tensors overlap it."""
+    rank-0 broadcast: the whole model leaves one rank, in a ring through the NCCL group of every trainer
+    and engine rank, so it costs at least the model over the NICs of the root's node, whatever the
+    number of trainers; the gathers of the next tensors and the engines' loads overlap it."""
     cluster = load_cluster("dgx-h100", 32)
     spec = get_model("llama-3.1-70B")
     train, gen = Layout(dp=2, tp=4, pp=2, zero=1), Layout(dp=4, tp=4)
     full = weight_sync_cost("s", spec, train, gen, cluster, colocated=False, separation=16, gather="full")
     shard = weight_sync_cost("s", spec, train, gen, cluster, colocated=False, separation=16)
     total = spec.params_total() * 2
-    ib = 400e9 / 8 * LINK["infiniband"].value
-    wire = "broadcast to generation, one sender, beyond the sender's work"
-    sender = sum(v for k, v in full.parts if k not in (wire, "copy into engine"))
+    node_nics = 8 * 400e9 / 8 * LINK["infiniband"].value
+    wire = "broadcast to generation, one sender, beyond the sender's and receiver's work"
+    rest = sum(v for k, v in full.parts if k not in (wire, "copy into engine"))
     # the broadcast of bucket i overlaps the filling of bucket i + 1: the longer of the two shows
-    assert sender + full.part(wire) >= total / ib
+    assert rest + full.part(wire) >= total / node_nics
     assert full.seconds > shard.seconds  # shard holders send in parallel
     assert full.seconds == pytest.approx(sum(v for _, v in full.parts), rel=1e-12)
     more = weight_sync_cost("s", spec, Layout(dp=4, tp=4, pp=2, zero=1), gen, load_cluster("dgx-h100", 48),
@@ -224,3 +225,68 @@ def test_memory_lines_reach_the_stages():
     for s in g.stages:
         if s.kind.value in ("train", "infer"):
             assert dict(pred.stages[s.name].memory_parts)[f"{SLEEPING_ENGINE} ({gen.name})"] == sleeping
+
+
+# ---- DeepSeek-V3's full-weight refit, as NeMo-RL v0.5/v0.6 runs it (Megatron-Bridge export_hf_weights) ----
+DSV3_TRAIN, DSV3_GEN = Layout(dp=16, pp=16, ep=16, zero=1), Layout(dp=1, tp=32)  # nrl-nccl-h100-dsv3
+
+
+def _dsv3_full(colocated: bool):
+    spec = get_model("deepseek-v3")
+    cluster = load_cluster("dgx-h100", 256 if colocated else 288)
+    return spec, cluster, weight_sync_cost("s", spec, DSV3_TRAIN, DSV3_GEN, cluster, colocated=colocated,
+                                           separation=0 if colocated else 256, gather="full")
+
+
+def test_megatron_export_walks_local_experts_and_the_pipeline_broadcast_carries_one_ep_share_by_hand():
+    """Megatron-Bridge broadcasts each pipeline stage's own expert-parallel share of local expert L over
+    the pipeline group, then all-gathers it over expert parallelism (one task gives ep experts' tensors).
+    DeepSeek-V3: 61 layers, 58 MoE with 256 routed experts (gate, up, down in the checkpoint; fused
+    fc1 and fc2 in Megatron), moe_ffn 2048, hidden 7168."""
+    from rpeg.perf.collectives import weight_tensors
+    from rpeg.perf.weightsync import export_tasks
+
+    spec, cluster, c = _dsv3_full(colocated=False)
+    assert weight_tensors(spec) == 45_337
+    expert_tensors = 58 * 256 * 3  # 44,544 of them
+    assert export_tasks(spec, DSV3_TRAIN) == 45_337 - expert_tensors + 58 * 16 * 2  # 2,649 tasks
+    assert export_tasks(spec, Layout(dp=16, pp=16, ep=16, zero=3)) == 45_337  # FSDP walks every HF tensor
+    experts = 256 * 58 * 3 * 7168 * 2048 * 2  # bf16 bytes of the routed experts: 1.308 TB
+    dense = spec.params_total() * 2 - experts  # 34 GB
+    # 16 ranks 16 devices apart: one per node, one 400 Gb/s NIC each (x 0.9), 5 us a hop
+    expected = (dense + experts / 16) / (50e9 * 0.9) + 15 * 5e-6
+    assert c.part("broadcast over pipeline stages") == pytest.approx(expected, rel=1e-9)
+    assert c.part("broadcast over pipeline stages") == pytest.approx(2.58, abs=0.01)
+    assert "2,649 tensors" in next(k for k, _ in c.parts if k.startswith("sender: per-tensor work"))
+
+
+def test_one_sender_broadcast_overlaps_sender_receiver_and_wire_but_a_colocated_sync_adds_them():
+    """Disaggregated: packed_broadcast_producer / _consumer keep two buckets in flight, so the sender's
+    export, the wire and the engines' load_weights run at once and the slowest sets the time. The NCCL
+    group holds all 256 trainer and 32 engine ranks (NeMo-RL's init_collective), so the ring leaves each
+    node through its 8 NICs: min(8 x 50 GB/s x 0.9, NVLink 450 GB/s x 0.8) = 360 GB/s. Colocated, the
+    engine acknowledges each bucket before the next is sent, and the lines add."""
+    from rpeg.perf.collectives import weight_tensors
+    from rpeg.perf.fitted import override
+
+    total = get_model("deepseek-v3").params_total() * 2
+    wire_s = total / 360e9 + 287 * 5e-6  # 3.73 s
+    recv = f"receiver: load {45_337:,} tensors"
+    for load, assembly, host in ((5e-4, 1e11, 3e-4), (1e-6, 1e11, 3e-4), (1e-6, 1e13, 1e-6)):
+        with override({"weightsync.load_tensor_s": load, "weightsync.assembly_bytes_per_s[megatron]": assembly,
+                       "weightsync.tensor_host_s[megatron]": host}):
+            spec, _, c = _dsv3_full(colocated=False)
+            _, _, co = _dsv3_full(colocated=True)
+        copy = c.part("copy into engine")
+        receiver = weight_tensors(spec) * load
+        sender = sum(v for k, v in c.parts if not k.startswith(("receiver", "broadcast to generation", "copy")))
+        assert c.seconds == pytest.approx(max(sender, receiver, wire_s) + copy, rel=1e-9)
+        assert c.part(f"{recv}, beyond the sender's work") == pytest.approx(max(0.0, receiver - sender), rel=1e-9)
+        assert co.part(recv) == pytest.approx(receiver, rel=1e-9)
+        co_sender = sum(v for k, v in co.parts if not k.startswith(("receiver", "copy")))
+        assert co.seconds == pytest.approx(co_sender + receiver + co.part("copy into engine"), rel=1e-9)
+        wire = c.part("broadcast to generation, one sender, beyond the sender's and receiver's work")
+        assert wire == pytest.approx(max(0.0, wire_s - max(sender, receiver)), abs=1e-9)
+    # host-free, the sender's collectives still take longer than the wire: the pipeline broadcast of
+    # 116 GB at 45 GB/s, the experts' all-gather and the bucket copy
+    assert sender > wire_s and c.seconds == pytest.approx(sender + copy, rel=1e-9)
