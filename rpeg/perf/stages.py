@@ -84,7 +84,8 @@ def stage_cost(graph: Graph, stage: Stage, cluster: Cluster) -> StageCost:
     cost = _with_batch_transfer(graph, stage, cost, train=train)
     if graph.reference_on_host and stage.model == "ref" and stage.kind is Kind.INFER:
         cost = _with_reference_swap(graph, stage, cost, cluster)
-    return _with_sleeping_engines(graph, stage, cost)
+    # a pass on devices where a generation engine sleeps keeps beside it what the sleep does not release
+    return _with_memory(cost, sleeping_engine_parts(graph, stage))
 
 
 def _with_memory(cost: StageCost, parts: tuple[tuple[str, float], ...]) -> StageCost:
@@ -105,12 +106,6 @@ def sleeping_engine_parts(graph: Graph, stage: Stage) -> tuple[tuple[str, float]
     engines = [s for s in graph.stages if s.kind is Kind.GENERATE and s.layout is not None and s.group
                and graph.group(s.group).overlaps(mine)]
     return tuple((f"{SLEEPING_ENGINE} ({s.name})", sleeping_engine_bytes(s.layout)) for s in engines)
-
-
-def _with_sleeping_engines(graph: Graph, stage: Stage, cost: StageCost) -> StageCost:
-    """A training or forward pass on devices where a generation engine sleeps keeps beside it what the
-    sleep does not release (`sleeping_engine_parts`)."""
-    return _with_memory(cost, sleeping_engine_parts(graph, stage))
 
 
 def _with_batch_transfer(graph: Graph, stage: Stage, cost: StageCost, *, train: bool) -> StageCost:

@@ -24,9 +24,10 @@ import math
 from rpeg.graph import Graph, Kind, ParallelLayout, Stage
 from rpeg.graph.verify import layout_problems, reference_host_problem
 from rpeg.hardware.topology import Cluster
+from rpeg.passes.base import call_text
+from rpeg.passes.reference import reference_on_host
 from rpeg.perf.cost import StageCost
 from rpeg.perf.residency import STATE, DeviceMemory, device_memory, sleeping_engine
-from rpeg.passes.reference import reference_on_host
 from rpeg.perf.stages import stage_cost
 from rpeg.search.layouts import LayoutCache, LayoutOptions, _key, best_layout, candidates
 
@@ -114,15 +115,10 @@ def fit_together(graph: Graph, cluster: Cluster, opts: LayoutOptions, cache: Lay
                 bound = min(over, units_over * max(0.0, now[0] - res) + max(0.0, now[1] - trans)) / added
                 if bound <= 0 or (best is not None and -bound >= best[0][0]):
                     continue
-                trial = graph.with_stages([s.replace(layout=lay)])
-                trial_costs = {**costs, s.name: cost}
-                trial_held = _held(trial, trial_costs)
-                left = overflow_bytes(trial_held)
-                if left >= over - 1.0:
-                    continue
-                rank = (-(over - left) / added, left)  # overflow removed per added second, the most first
-                if best is None or rank < best[0]:
-                    best = (rank, trial, trial_costs, trial_held, s.name)
+                move = _ranked(graph.with_stages([s.replace(layout=lay)]), {**costs, s.name: cost}, over, added,
+                               s.name)
+                if move is not None and (best is None or move[0] < best[0]):
+                    best = move
         move = _reference_to_host(graph, costs, cluster, opts, over)
         if move is not None and (best is None or move[0] < best[0]):
             best = move
@@ -158,11 +154,18 @@ def _reference_to_host(graph: Graph, costs: dict[str, StageCost], cluster: Clust
         return None
     trial_costs = _ref_costs(trial, costs, cluster)
     added = max(sum(trial_costs[n].seconds - costs[n].seconds for n in costs), 1e-9)
+    return _ranked(trial, trial_costs, over, added, REFERENCE_MOVE)
+
+
+def _ranked(trial: Graph, trial_costs: dict[str, StageCost], over: float, added: float, name: str) -> tuple | None:
+    """(rank, trial, its costs, what its devices hold, the change's name) of a change that adds
+    `added` seconds, ranked by the overflow it removes per added second, the most first; None if it
+    removes none of the `over` bytes."""
     trial_held = _held(trial, trial_costs)
     left = overflow_bytes(trial_held)
     if left >= over - 1.0:
         return None
-    return (-(over - left) / added, left), trial, trial_costs, trial_held, REFERENCE_MOVE
+    return (-(over - left) / added, left), trial, trial_costs, trial_held, name
 
 
 def _relax(graph: Graph, costs: dict[str, StageCost], changed: list[str], cluster: Cluster, opts: LayoutOptions,
@@ -171,8 +174,8 @@ def _relax(graph: Graph, costs: dict[str, StageCost], changed: list[str], cluste
     layout of its front that still lets every set of devices fit; the reference back on its devices
     if it then fits there."""
     if REFERENCE_MOVE in changed:
-        trial = graph.replace(reference_on_host=False,
-                              history=tuple(h for h in graph.history if h != "reference_on_host()"))
+        undone = call_text("reference_on_host")
+        trial = graph.replace(reference_on_host=False, history=tuple(h for h in graph.history if h != undone))
         trial_costs = _ref_costs(trial, costs, cluster)
         if overflow_bytes(_held(trial, trial_costs)) <= 0:
             graph, costs = trial, trial_costs

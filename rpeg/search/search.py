@@ -107,10 +107,11 @@ def _trade_for_sync(graph: Graph, cluster: Cluster, pred: StepPrediction, option
     generation and training layouts of the synced model (how many shards send, what is
     offloaded): a slower trainer with more senders can make a faster step. Try those stages'
     other fitting layouts (one per shape) whose sync and switch are cheaper than those of every
-    faster layout (where one overflows with the models it shares devices with, the others' layouts
-    are traded for memory as the first fit does); keep the fastest step. The stages themselves are at their fastest already, so
-    a layout gains at most what it saves on the sync and switch: one that cannot bring the step
-    under `bar_s` is not costed."""
+    faster layout (where one overflows with the models it shares devices with, the reference goes
+    to the host or the others' layouts are traded for memory as the first fit does); keep the
+    fastest step. The stages themselves are at their fastest already, so a layout gains at most
+    what it saves on the sync and switch: one that cannot bring the step under `bar_s` is not
+    costed."""
     synced = {s.model for s in graph.stages if s.kind is Kind.SYNC}
     for stage in [s for s in graph.stages if s.model in synced and s.kind in (Kind.GENERATE, Kind.TRAIN)]:
         now = floor = _sync_and_switch_s(graph, cluster)
@@ -125,19 +126,26 @@ def _trade_for_sync(graph: Graph, cluster: Cluster, pred: StepPrediction, option
             if pred.step_s - (now - overhead) >= min(bar_s, pred.step_s):
                 continue
             p = predict_step(trial, cluster)
-            if p.oom and all(c.fits for c in p.stages.values()):
+            if _overflows_together(p):
                 # a cheaper sync from a layout that overflows with the co-resident models: the reference
                 # on the host or the other stages' layouts may make room (memfit.py), at a cost the
                 # prediction weighs
                 made = [t for t in (reference_to_host(trial, options), fit_together(trial, cluster, options, cache))
                         if t is not None]
-                fitting = [(q.step_s, i, t, q) for i, t in enumerate(made) for q in [predict_step(t, cluster)] if q.fits]
+                fitting = [(q.step_s, i, t, q) for i, t in enumerate(made) for q in [predict_step(t, cluster)]
+                           if q.fits]
                 if not fitting:
                     continue
                 _, _, trial, p = min(fitting, key=lambda x: x[:2])
             if p.fits and p.step_s < pred.step_s - 1e-12:
                 graph, pred = trial, p
     return graph, pred
+
+
+def _overflows_together(pred: StepPrediction) -> bool:
+    """Every stage fits alone, but the models sharing devices, summed, do not (residency.py): what
+    memfit.py can trade speed for."""
+    return pred.oom and all(c.fits for c in pred.stages.values())
 
 
 def _finish(graph: Graph) -> Graph:
@@ -190,7 +198,7 @@ def search(graph: Graph, cluster: Cluster, gpus: int, *, objective: str = "time"
                 if g is None:
                     continue
                 pred = predict_step(g, sized)
-                if pred.oom and all(c.fits for c in pred.stages.values()):
+                if _overflows_together(pred):
                     # the models sharing devices, summed, overflow them: trade speed for memory (memfit.py),
                     # unless even the stages at their fastest alone, less every sync and switch (all the
                     # trade for the sync below can win back), cannot beat the best plan found
