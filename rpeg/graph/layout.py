@@ -29,6 +29,8 @@ HOST_COPIES = ("weights-out", "weights-in", "gradients-out", "optimizer-out", "o
 # one stops storing
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts")
 STATE_DTYPES = ("fp32", "bf16")
+# how a packed pass's bins reach the data-parallel ranks (ParallelLayout.bins; rpeg/perf/packing.py)
+BINS = ("even", "ffd")
 # how an MoE stage runs (rpeg/perf/moe.py prices each): the token dispatcher, the CUDA-graph scope and the routing
 DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
 CUDA_GRAPHS = ("none", "partial", "full")
@@ -76,7 +78,10 @@ class ParallelLayout:
     packing (the default) sequences are packed into micro-batches of micro_batch x the job's
     longest sequence in tokens (NeMo-RL's train_mb_tokens / logprob_mb_tokens, verl's
     ppo_max_token_len_per_gpu); without it, micro_batch sequences, each padded to the batch's
-    longest (Hugging Face-style padded batches).
+    longest (Hugging Face-style padded batches). bins: how a packed pass's bins reach the
+    data-parallel ranks (rpeg/perf/packing.py): "even" (every rank the mean share of tokens) or "ffd"
+    (NeMo-RL: first-fit-decreasing bins dealt round-robin, padded to the rank's longest bin under
+    pipeline parallelism; the busiest rank sets the time).
 
     Offload (training stages; rpeg/perf/offload.py says what each system's flag does):
     offload_optimizer: the fraction of the optimizer state (fp32 master weights and Adam moments)
@@ -144,6 +149,7 @@ class ParallelLayout:
     pp_uneven: bool = False
     micro_batch: int = 1
     packing: bool = True
+    bins: str = "even"
     offload_optimizer: float = 0.0
     offload_params: bool = False
     resident: tuple[str, ...] = ()
@@ -169,6 +175,9 @@ class ParallelLayout:
         if self.logits not in LOGITS_PATHS:
             raise RpegError(f"parallel layout: logits = {self.logits!r} is not a logits path; the paths are "
                             f"{', '.join(LOGITS_PATHS)} (rpeg/perf/logits.py says what each holds)")
+        if self.bins not in BINS:
+            raise RpegError(f"parallel layout: bins = {self.bins!r} must be one of {', '.join(BINS)} "
+                            "(rpeg/perf/packing.py says what each does)")
         if self.zero not in (0, 1, 2, 3):
             raise RpegError(f"parallel layout: zero = {self.zero} must be 0, 1, 2 or 3")
         if self.recompute not in ("none", "selective", "full"):
@@ -282,6 +291,8 @@ class ParallelLayout:
             parts.append(f"mb{self.micro_batch}")
         if not self.packing:
             parts.append("unpacked")
+        elif self.bins != "even":
+            parts.append(f"bins={self.bins}")
         if self.offload_optimizer:
             parts.append("optimizer-on-host" + (f"={self.offload_optimizer:g}" if self.offload_optimizer < 1 else ""))
         if self.offload_params:

@@ -31,7 +31,7 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                 capacity_factor: float = 0.0, logits: str = DEFAULT_LOGITS, grad_dtype: str = "fp32",
                 recompute_modules: list[str] | tuple[str, ...] = (), recompute_layers: int = 0,
                 offload_activation_layers: int = 0, optimizer_moments: str = "fp32",
-                pp_embedding_loss_slots: bool = False) -> Graph:
+                pp_embedding_loss_slots: bool = False, bins: str = "even") -> Graph:
     call = call_text("parallelize", stage=stage, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero,
                      recompute=recompute)
     if stage not in graph.stage_names:
@@ -47,6 +47,8 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
             wrong.append(f"{name} = {value!r}")
     if not isinstance(logits, str):
         wrong.append(f"logits = {logits!r}")
+    if not isinstance(bins, str):
+        wrong.append(f"bins = {bins!r}")
     for name, value in (("grad_dtype", grad_dtype), ("optimizer_moments", optimizer_moments)):
         if not isinstance(value, str):
             wrong.append(f"{name} = {value!r}")
@@ -71,7 +73,8 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                                 cuda_graphs=cuda_graphs, routing=routing, capacity_factor=capacity_factor,
                                 logits=logits, grad_dtype=grad_dtype, recompute_modules=tuple(recompute_modules),
                                 recompute_layers=recompute_layers, offload_activation_layers=offload_activation_layers,
-                                optimizer_moments=optimizer_moments, pp_embedding_loss_slots=pp_embedding_loss_slots)
+                                optimizer_moments=optimizer_moments, pp_embedding_loss_slots=pp_embedding_loss_slots,
+                                bins=bins)
     except RpegError as e:
         raise refuse(call, str(e)) from None
     new = graph.stage(stage).replace(layout=layout)

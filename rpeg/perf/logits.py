@@ -98,6 +98,91 @@ LOGITS: dict[str, LogitsPath] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class LogitsTraffic:
+    """HBM bytes a pass moves per (token, vocab/tp) entry on its way from the head's GEMM to the log-probs
+    (and back, in a training pass), counted kernel by kernel from the system's code: what the time of the
+    path costs, where LogitsPath is what its memory holds."""
+
+    forward: float  # a forward-only pass
+    train: float  # a training pass: its forward and its backward
+    per_sequence: float  # a training pass whose loss runs on one packed sequence at a time: per sequence, over
+    #                      every entry of the micro-batch (a slice's backward spreads its gradient over a zero
+    #                      tensor of the whole logits' shape, which autograd then adds up)
+    source: str
+
+
+# what rpeg/perf/compute.py's head_forward already charges a pass: its fp32 logits written and read once
+# (8 bytes an entry), a training pass three times over (the head's forward plus a backward twice the forward)
+HEAD_TRAFFIC = {"forward": 8.0, "train": 24.0}
+
+# Paths whose kernels were counted; the others are charged the head's HEAD_TRAFFIC alone.
+TRAFFIC: dict[str, LogitsTraffic] = {
+    "distributed-logprob": LogitsTraffic(48, 70, 16, (
+        "NeMo-RL v0.5.0-v0.6.0 (nemo_rl/distributed/model_utils.py DistributedLogprob, the code the memory "
+        "entry above counts) on Megatron's output, which Float16Module upcasts to fp32. Forward: the GEMM's bf16 "
+        "write (2), the upcast (2 + 4), amax (4), logits - max (4 + 4), its exp (4 + 4) and sum (4), the "
+        "log-softmax's subtraction (4 + 4), softmax_output = log_probs.exp() (4 + 4) = 48. Backward: "
+        "softmax.neg() (4 + 4), mul_(grad_output) (4 + 4), the chosen entries' scatter_add (none of full size) "
+        "and the upcast's backward to bf16 (4 + 2) = 22; 48 + 22 = 70. Packed, the loss runs per sequence "
+        "(SequencePackingLossWrapper) on next_token_logits[:, start:end]: each slice's backward writes an fp32 "
+        "zero tensor of the micro-batch's logits (4) and autograd adds it to the others (4 + 4 + 4) = 16 per "
+        "sequence. v0.3.0 moved more, not priced here (its rows would need a path of their own): a clone of the "
+        "log-probs in the forward (+8) and an int64 one_hot, an int64 product and its .float() in the "
+        "backward (62 instead of 22)")),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LossHost:
+    """The host work of a training loss that runs on one packed sequence at a time, counted from the
+    system's code: framework ops in its forward (kernels and device-to-host syncs, each paid in full:
+    after a sync the GPU waits for the host), and kernels its backward launches (queued ahead)."""
+
+    forward_ops: float  # per sequence
+    backward_kernels: float  # per sequence
+    source: str
+
+
+LOSS_HOST: dict[str, LossHost] = {
+    "distributed-logprob": LossHost(95, 50, (
+        "NeMo-RL v0.3.0's SequencePackingLossWrapper (nemo_rl/algorithms/loss_functions.py) calls ClippedPGLossFn "
+        "once per packed sequence: per sequence the wrapper's 2 .item() on the bin's offsets, 6 unpadding slices "
+        "by a device tensor's length (each an implicit sync) and the logits' slice; the loss's ~80 kernel "
+        "launching ops (masks, the token-mult-prob error, the fp32 cast, DistributedLogprob's ~20 with its 3 "
+        "tensor-parallel all-reduces, the KL, the clipped ratio, the importance weights, five masked means) and 8 "
+        ".item() for its metrics: about 95 ops that launch a kernel or sync, of which 17 syncs. Its backward: "
+        "about 50 kernels (DistributedLogprob's, the elementwise graph's, the slice's zero fill and copy). v0.5.0 "
+        "and v0.6.0 loop the same way and log more metrics (15 .item() in ClippedPGLossFn at v0.5.0): a lower "
+        "bound there")),
+}
+
+
+def loss_host_s(*, path: str, sequences: float, op_s: float, launch_s: float) -> float:
+    """Host seconds of a packed training micro-batch's per-sequence loss (LOSS_HOST) over `sequences`
+    sequences: each forward op at `op_s` (the GPU waits), each backward kernel at `launch_s`. 0 for a
+    path whose loss runs on the micro-batch at once."""
+    h = LOSS_HOST.get(path)
+    if h is None:
+        return 0.0
+    return sequences * (h.forward_ops * op_s + h.backward_kernels * launch_s)
+
+
+def traffic_bytes(spec: ModelSpec, *, tokens: float, tp: int = 1, path: str = DEFAULT_LOGITS, train: bool = False,
+                    sequences: float = 0.0, value_head: bool = False) -> float:
+    """HBM bytes per device that one micro-batch of `tokens` tokens moves on `path` (TRAFFIC) beyond
+    what the head's cost already holds (HEAD_TRAFFIC); `sequences`: how many packed sequences its
+    training loss runs over one by one (0: the micro-batch at once). 0 for a path not counted."""
+    t = TRAFFIC.get(path)
+    if value_head or t is None:
+        return 0.0
+    if train:
+        per_entry = t.train + t.per_sequence * sequences - HEAD_TRAFFIC["train"]
+    else:
+        per_entry = t.forward - HEAD_TRAFFIC["forward"]
+    return max(0.0, per_entry) * tokens * spec.vocab / tp
+
+
 def logits_path(name: str) -> LogitsPath:
     try:
         return LOGITS[name]

@@ -7,7 +7,7 @@ import dataclasses
 from rpeg.errors import RpegError
 from rpeg.graph import Graph, Kind, Stage
 from rpeg.hardware.topology import Cluster
-from rpeg.perf import batchdata, memory
+from rpeg.perf import batchdata, memory, packing
 from rpeg.perf.calls import with_serial_calls
 from rpeg.perf.compute import BF16
 from rpeg.perf.cost import StageCost
@@ -40,23 +40,44 @@ def padded_length(graph: Graph) -> float:
     return job.prompt_len + job.response.quantile(0.5 ** (1 / max(1, job.sequences)))
 
 
-def _pass_workload(graph: Graph, stage: Stage, *, train: bool) -> PassWorkload:
+def _pass_workload(graph: Graph, stage: Stage, *, train: bool, even: bool = False) -> PassWorkload:
+    """The pass's workload; a packed layout with bins = "ffd" gets its busiest rank's tokens and bins
+    (rpeg/perf/packing.py) unless `even`."""
     job = graph.job
     seqs = graph.stage_sequences(stage)
     layout = stage.layout
     mb = layout.micro_batch if layout is not None else 1
+    steps = job.ppo_epochs * job.mini_batches if train else 1
+    per_step = seqs / job.mini_batches if train else seqs
     if layout is None or layout.packing:  # micro-batches packed up to their token budget
         seq_len, context = job.mean_seq_len, attention_context(graph)
-        micro = max(1.0, PACKED_TOKENS.value * mb * job.max_seq_len / seq_len)
+        budget = PACKED_TOKENS.value * mb * job.max_seq_len
+        micro = max(1.0, budget / seq_len)
+        if layout is not None and layout.bins == "ffd" and not even:  # the busiest rank's bins, padding included
+            load = packing.busiest_rank(job.response, job.prompt_len, max(1, round(per_step)), round(budget),
+                                        layout.dp, layout.pp > 1, _pad_multiple(layout))
+            per_rank = per_step / layout.dp
+            seq_len = load.tokens / per_rank
+            micro = per_rank / load.bins * (1 + 1e-9)  # pass_cost's ceil(per_rank / micro) = the bins
     else:  # mb sequences per micro-batch, each padded to the batch's longest; attention over the padding too
         seq_len = padded_length(graph)
         context, micro = (seq_len + 1) / 2, float(mb)
-    steps = job.ppo_epochs * job.mini_batches if train else 1
-    per_step = seqs / job.mini_batches if train else seqs
     # a critic's value head or a reward model's score head: hidden x 1, not the vocabulary
     value_head = "lm" not in graph.model(stage.model).heads
     return PassWorkload(sequences=per_step, seq_len=seq_len, attention_context=context,
                         micro_batch=micro, optimizer_steps=steps, forward_only=not train, value_head=value_head)
+
+
+def _pad_multiple(layout) -> int:
+    """NeMo-RL pads each packed sequence to a multiple of tp, of 2 x cp x tp under context parallelism
+    (lm_policy.py's sequence_length_pad_multiple)."""
+    return 2 * layout.cp * layout.tp if layout.cp > 1 else layout.tp
+
+
+def _with_bins(cost: StageCost, even: StageCost) -> StageCost:
+    """`cost` (the busiest rank's bins) with `even`'s breakdown (the mean share) and the difference as
+    a line of its own."""
+    return dataclasses.replace(cost, parts=even.parts + ((packing.LABEL, cost.seconds - even.seconds),))
 
 
 def stage_cost(graph: Graph, stage: Stage, cluster: Cluster) -> StageCost:
@@ -81,6 +102,9 @@ def stage_cost(graph: Graph, stage: Stage, cluster: Cluster) -> StageCost:
         return cost
     train = stage.kind is Kind.TRAIN
     cost = pass_cost(stage.name, spec, stage.layout, cluster, _pass_workload(graph, stage, train=train))
+    if stage.layout.packing and stage.layout.bins != "even":
+        even = pass_cost(stage.name, spec, stage.layout, cluster, _pass_workload(graph, stage, train=train, even=True))
+        cost = _with_bins(cost, even)
     cost = _with_batch_transfer(graph, stage, cost, train=train)
     if graph.reference_on_host and stage.model == "ref" and stage.kind is Kind.INFER:
         cost = _with_reference_swap(graph, stage, cost, cluster)

@@ -27,7 +27,7 @@ from rpeg.graph.layout import ParallelLayout
 from rpeg.graph.model import ModelSpec
 from rpeg.hardware.device import Device
 from rpeg.hardware.topology import Cluster
-from rpeg.perf import memory, moe, offload, recipe_options
+from rpeg.perf import logits, memory, moe, offload, recipe_options
 from rpeg.perf.collectives import Group, all_gather_s, all_reduce_s, p2p_s, reduce_scatter_s, tensorwise_all_gather_s
 from rpeg.perf.compute import BF16, LayerTime, eager_host_s, head_forward, layer_forward
 from rpeg.perf.cost import StageCost
@@ -83,6 +83,16 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
     # the output head runs on the last pipeline stage only: the step's time is that of its slowest
     # (the last) stage, but the work summed over devices counts the head once per pipeline (1 / pp)
     head = head_forward(spec, dev, tokens=tokens, tp=tp, dtype=work.dtype, value_head=work.value_head)
+    # the log-probs' path over the vocabulary beyond the head's own fp32 write and read (rpeg/perf/logits.py
+    # TRAFFIC), memory-bound, on the last stage with the head; a packed training loss slices per sequence
+    vocab_bytes = logits.traffic_bytes(spec, tokens=tokens, tp=tp, path=layout.logits, train=not work.forward_only,
+                                       sequences=mb_seqs if layout.packing else 0.0, value_head=work.value_head)
+    vocab_s = vocab_bytes / (dev.hbm_bandwidth_bytes_per_s * HBM[dev.kind].value)
+    # a packed training loss run sequence by sequence: its ops wait on the host (rpeg/perf/logits.py LOSS_HOST)
+    loss_host = 0.0
+    if layout.packing and not work.forward_only and not work.value_head:
+        loss_host = logits.loss_host_s(path=layout.logits, sequences=mb_seqs, op_s=moe.HOST_OP_S.value * host_time(dev),
+                                       launch_s=KERNEL_LAUNCH_S.value * host_time(dev))
     layers_per_stage *= v
     # per micro-batch on the host: measured per layer (cpu-local), else kernel launches (none inside CUDA
     # graphs: partial ones capture the attention and dense parts, full ones the whole iteration); an MoE
@@ -127,7 +137,7 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
     # the other micro-batch's layers, which lose the exchange's SMs meanwhile
     ep_exposed, ep_sm_s = moe.overlapped(ep_mb, 3 * fwd.seconds, layout.ep_overlap and not work.forward_only, m)
     comm = cp_tp_mb + ep_exposed
-    per_mb = compute + ep_sm_s + comm + recompute_s
+    per_mb = compute + ep_sm_s + comm + recompute_s + vocab_s + loss_host
     p2p = 0.0
     if pp > 1:
         # Megatron's scatter/gather optimization (Narayanan 2021, section 4.1): each tensor-parallel rank
@@ -140,7 +150,7 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
     bubble_mbs = (pp - 1) / v
     # 1F1B with a heavier last stage: its m micro-batches in a row, plus the other stages' fill and
     # drain once each (pp - 1 stages without the head; /v with interleaving)
-    head_mb = (1 if work.forward_only else 3) * head.seconds
+    head_mb = (1 if work.forward_only else 3) * head.seconds + vocab_s + loss_host
     bubble_mb = per_mb - head_mb if pp > 1 else per_mb
     pipeline_s = m * per_mb + bubble_mbs * bubble_mb
 
@@ -211,6 +221,8 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
     compute_s = (m * (compute + ep_sm_s + recompute_s)) * steps
     parts = (("compute", m * (compute - launch_s + recompute_s) * steps),
              ("kernel launches", m * passes * launch * steps),
+             (f"log-probs over the vocabulary ({layout.logits})", m * vocab_s * steps),
+             ("loss per packed sequence, host", m * loss_host * steps),
              ("MoE kernel launches", m * moe_launch * steps),
              ("tensor-parallel comm", m * tp_fwd * (1 if work.forward_only else 2) * steps),
              ("context-parallel comm", m * cp_fwd * (1 if work.forward_only else 2) * steps),
@@ -220,8 +232,9 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
              ("pipeline bubble", bubble_s),
              ("gradient sync", dp_s * steps),
              ("optimizer", opt_s * steps)) + tuple((k, s * steps) for k, s in host_parts)
-    return StageCost(stage=name, seconds=total, compute_s=compute_s, memory_s=(opt_s + host_s) * steps, comm_s=comm_s,
-                     overhead_s=bubble_s, flops=flops_dev * devices * steps / max(1, 1),
+    return StageCost(stage=name, seconds=total, compute_s=compute_s, memory_s=(opt_s + host_s + m * vocab_s) * steps,
+                     comm_s=comm_s, overhead_s=bubble_s + m * loss_host * steps,
+                     flops=flops_dev * devices * steps / max(1, 1),
                      bytes=(fwd.bytes + head.bytes / pp) * m * devices * steps,
                      peak_memory_bytes=mem.total, capacity_bytes=dev.hbm_capacity_bytes,
                      memory_parts=mem.parts(), devices=devices, microbatches=m * steps,

@@ -403,7 +403,7 @@ def nemo_rl_plan(run: NemoRlRun, where: str):
                      "pageable": NEMO_RL_PAGEABLE} if train else {}
             mb = run.training["micro_batch" if train else "logprob_batch"]
             g = parallelize(g, s.name, **lay, **extra, micro_batch=mb, packing=run.training["packing"],
-                            **(NEMO_RL_MOE if spec.is_moe else {}), logits=NEMO_RL_LOGITS)
+                            bins="ffd", **(NEMO_RL_MOE if spec.is_moe else {}), logits=NEMO_RL_LOGITS)
     g = refit(g, "full")  # NeMo-RL's refit gathers every tensor in full (refit_utils.gather_params)
     g = keep_reference_on_host(g)  # the reference's weights wait on the host (use_reference_model)
     return g, load_cluster(run.system, gpus)

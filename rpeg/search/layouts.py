@@ -46,6 +46,8 @@ class LayoutOptions:
     # the path from logits to log-probs of the passes of a model with vocabulary logits (ParallelLayout.logits,
     # rpeg/perf/logits.py): RPEG's own runtime's, or the path a peer's code takes
     logits: str = DEFAULT_LOGITS
+    # how a packed pass's bins reach the data-parallel ranks (ParallelLayout.bins, rpeg/perf/packing.py)
+    bins: str = "even"
 
 
 @dataclass
@@ -103,7 +105,8 @@ def candidates(graph: Graph, stage: Stage, devices: int, node: int, opts: Layout
                             sp = opts.sequence_parallel and tp > 1 and (train or infer)
                             lay = ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, recompute=rec,
                                                  sequence_parallel=sp, pp_uneven=bool(spec.layers % pp),
-                                                 micro_batch=opts.micro_batch, packing=opts.packing, logits=logits)
+                                                 micro_batch=opts.micro_batch, packing=opts.packing, logits=logits,
+                                                 bins=opts.bins)
                             out.append(lay)
                             if train and opts.offload:
                                 out.append(lay.replace(offload_optimizer=1.0))

@@ -47,7 +47,8 @@ def options(cluster: Cluster) -> LayoutOptions:
     return LayoutOptions(train_tp=node_divisors(cluster), train_pp=None, train_cp=(1, 2, 4, 8), zero=(1,),
                          recompute=("none", "selective", "full"), gen_tp=node_divisors(cluster), gen_pp=(1,),
                          expert_parallel=True, sequence_parallel=True,
-                         logits="distributed-logprob")  # DistributedLogprob on Megatron's fp32-upcast output
+                         logits="distributed-logprob",  # DistributedLogprob on Megatron's fp32-upcast output
+                         bins="ffd")  # shard_by_batch_size: first-fit-decreasing bins dealt round-robin
 
 
 def build(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Graph | None:
