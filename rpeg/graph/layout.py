@@ -132,8 +132,8 @@ class ParallelLayout:
     "distributed-logprob": NeMo-RL; "chunked-logsoftmax": AReaL; "softmax-inplace": slime).
 
     inline_output (generation stages; rpeg/perf/generation.py): the engine turns each step's sampled
-    tokens into its outputs (incremental detokenization, stop-string checks, per-token logprob
-    objects) in the loop that runs its steps, so the devices wait for it every step: vLLM's offline
+    tokens into its outputs (each request's new token and its logprob entry, detokenization where a
+    tokenizer is loaded) in the loop that runs its steps, so the devices wait for it every step: vLLM's offline
     LLM with VLLM_ENABLE_V1_MULTIPROCESSING=0 (its engine core in the caller's process, InprocClient),
     as NeMo-RL's synchronous engine runs. False (the default): a separate engine-core process steps the
     model while the front end processes the last step's outputs (vLLM V1's default; its AsyncLLM always).

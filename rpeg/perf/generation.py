@@ -20,8 +20,9 @@ the newest is preempted and later recomputed (vLLM's default preemption). Betwee
 is the step time at its start and end, averaged, times its steps. A step reads the weights (the
 experts a batch touches, for MoE) and the batch's KV cache, computes its GEMMs and attention
 (roofline), all-reduces over tensor parallelism twice per layer, and pays the engine's per-step
-CPU overhead. The engine then turns the step's sampled tokens into its outputs (incremental
-detokenization, stop-string checks, a logprob object per token), host time per running sequence
+CPU overhead. The engine then turns the step's sampled tokens into its outputs (each request's
+new token and its logprob entry; detokenization and stop strings where a tokenizer is loaded), host
+time per running sequence
 (`OUTPUT_PER_SEQ_S`, fitted): where the engine core runs in the caller's process (the layout's
 `inline_output`: vLLM's LLM with VLLM_ENABLE_V1_MULTIPROCESSING=0, NeMo-RL's synchronous engine) the
 devices wait for it every step, its own line; with the engine core in its own process (vLLM V1's
@@ -57,13 +58,12 @@ OUTPUT_PER_SEQ_S = declare(
     "generation.output_per_seq_s", unit="s per running sequence per decode step (x86 host)", bounds=(1e-6, 3e-4),
     rows=("nemo-rl-v0.3-stages:rl:generation",), group="generation-output",
     mechanism="host time an engine spends per running sequence after each decode step turning its sampled token "
-              "into output, on an x86 host (scaled by HOST_TIME): vLLM V1's OutputProcessor.process_outputs "
-              "detokenizes incrementally, checks the stop strings (NeMo-RL passes stop and "
-              "include_stop_str_in_output) and, with logprobs=0 (NeMo-RL's SamplingParams at v0.3-v0.6), builds the "
-              "sampled token's Logprob entry and decodes its text; the scheduler appends the token and checks the "
-              "stop conditions (update_from_output). NeMo-RL's synchronous engine runs all of it between steps "
-              "(VLLM_ENABLE_V1_MULTIPROCESSING=0 in its vLLM worker: vllm.LLM's engine core in-process, "
-              "InprocClient)")
+              "into output, on an x86 host (scaled by HOST_TIME): each request's EngineCoreOutput and vLLM V1's "
+              "OutputProcessor.process_outputs (the request's state, its new token ids and, with logprobs=0 as "
+              "NeMo-RL's SamplingParams ask at v0.3-v0.6, the sampled token's Logprob entry; incremental "
+              "detokenization and stop strings only where a tokenizer is loaded: NeMo-RL skips it when no stop "
+              "strings are set). NeMo-RL's synchronous engine runs it between steps (VLLM_ENABLE_V1_MULTIPROCESSING=0 "
+              "in its vLLM worker: vllm.LLM's engine core in the worker's process, InprocClient)")
 # the seconds of a simulated engine, by part (what `simulate_instance` returns besides its counts)
 TIME_PARTS = ("prefill", "decode", "tensor-parallel comm", "engine step overhead", "output processing")
 _GOLDEN = (math.sqrt(5) - 1) / 2
