@@ -85,7 +85,7 @@ rl:
      measured: {step_s: 30, tokens_per_s_per_gpu: 100}}
   - {id: r-h20, system: h20, model: qwen3-8B, gpus: 8, gpus_per_node: 8, prompts: 16, samples_per_prompt: 8,
      train_global_batch: 128, max_seq_len: 4096, mean_seq_len: 2000, async_bound: 0, colocated: true,
-     generation: {tp: 1, pp: 1}, training: {tp: 1, cp: 1, pp: 2, recompute: full},
+     generation: {tp: 1, pp: 1, async_engine: true}, training: {tp: 1, cp: 1, pp: 2, recompute: full},
      measured: {step_s: 30, tokens_per_s_per_gpu: 100}}
 """
 
@@ -104,6 +104,7 @@ def test_every_schema_field_and_system_is_accepted(tmp_path):
     (("model: gpt-small", "model: gpt-huge"), "unknown model 'gpt-huge'"),
     (("seq: 2048,", "seq: long,"), "t-a100"),
     (("ffn_act: gelu}", "ffn_act: relu}"), "models.gpt-small"),
+    (("async_engine: true}", "async_engine: maybe}"), "(r-h20).generation.async_engine: expected true or false"),
 ])
 def test_bad_entries_name_the_entry_and_problem(tmp_path, edit, needle):
     f = tmp_path / "bad.yaml"
@@ -111,6 +112,25 @@ def test_bad_entries_name_the_entry_and_problem(tmp_path, edit, needle):
     with pytest.raises(RpegError, match=None) as info:
         validate_file(str(f))
     assert needle in str(info.value)
+
+
+def test_the_engine_processes_its_outputs_in_line_unless_it_is_async():
+    """NeMo-RL's vllm_cfg.async_engine: false (grpo_math_1B.yaml) runs vllm.LLM's engine core in the worker's
+    process, its outputs processed between steps; true (every async recipe, and the DeepSeek-V3 and
+    Qwen3-235B on-policy ones) runs AsyncLLM, whose engine core has a process of its own."""
+    import yaml
+
+    from rpeg.perf.validation import rl_graph
+
+    entries = {e["id"]: e for e in yaml.safe_load(SCHEMA)["rl"]}
+
+    def inline(entry):
+        g, _ = rl_graph(entry, {}, entry["id"])
+        return next(s for s in g.stages if s.kind.value == "generate").layout.inline_output
+
+    assert not inline(entries["r-alps"])  # async_bound 1: AsyncLLM, as every NeMo-RL async recipe sets
+    assert not inline(entries["r-h20"])  # on-policy, async_engine: true
+    assert inline(dict(entries["r-h20"], generation={"tp": 1, "pp": 1}))  # on-policy, the default
 
 
 def test_validate_cli_errors_are_one_line(capsys, tmp_path):

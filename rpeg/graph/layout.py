@@ -135,6 +135,13 @@ class ParallelLayout:
     the importers set the peers' ("bf16-ce": verl's FSDP actor; "fused-linear": verl's
     use_fused_kernels; "fused-ce": Megatron's vocab-parallel cross-entropy; "fp32-ce": OpenRLHF;
     "distributed-logprob": NeMo-RL; "chunked-logsoftmax": AReaL; "softmax-inplace": slime).
+
+    inline_output (generation stages; rpeg/perf/generation.py): the engine turns each step's sampled
+    tokens into its outputs (each request's new token and its logprob entry, detokenization where a
+    tokenizer is loaded) in the loop that runs its steps, so the devices wait for it every step: vLLM's offline
+    LLM with VLLM_ENABLE_V1_MULTIPROCESSING=0 (its engine core in the caller's process, InprocClient),
+    as NeMo-RL's synchronous engine runs. False (the default): a separate engine-core process steps the
+    model while the front end processes the last step's outputs (vLLM V1's default; its AsyncLLM always).
     """
 
     dp: int = 1
@@ -166,6 +173,7 @@ class ParallelLayout:
     routing: str = "balanced"
     capacity_factor: float = 0.0
     logits: str = DEFAULT_LOGITS
+    inline_output: bool = False
 
     def __post_init__(self) -> None:
         bad = [f"{f} = {getattr(self, f)}" for f in ("dp", "tp", "pp", "cp", "ep", "pp_interleave", "micro_batch")
@@ -180,6 +188,8 @@ class ParallelLayout:
                             "(rpeg/perf/packing.py says what each does)")
         if self.zero not in (0, 1, 2, 3):
             raise RpegError(f"parallel layout: zero = {self.zero} must be 0, 1, 2 or 3")
+        if not isinstance(self.inline_output, bool):
+            raise RpegError(f"parallel layout: inline_output = {self.inline_output!r:.80} must be true or false")
         if self.recompute not in ("none", "selective", "full"):
             raise RpegError(f"parallel layout: recompute = {self.recompute!r} must be none, selective or full")
         if self.sequence_parallel and self.tp == 1:

@@ -9,7 +9,8 @@ routing and capacity_factor say how its experts run (ParallelLayout; rpeg/perf/m
 logits names how a training or log-prob pass computes its log-probs (rpeg/perf/logits.py); the
 Megatron-Core recipe options (recompute_modules, recompute_layers, offload_activation_layers,
 grad_dtype, optimizer_moments, pp_embedding_loss_slots) are ParallelLayout's too
-(rpeg/perf/recipe_options.py), so every layout field can be passed back through this pass.
+(rpeg/perf/recipe_options.py), and inline_output says where a generation engine processes its outputs
+(ParallelLayout; rpeg/perf/generation.py), so every layout field can be passed back through this pass.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                 capacity_factor: float = 0.0, logits: str = DEFAULT_LOGITS, grad_dtype: str = "fp32",
                 recompute_modules: list[str] | tuple[str, ...] = (), recompute_layers: int = 0,
                 offload_activation_layers: int = 0, optimizer_moments: str = "fp32",
-                pp_embedding_loss_slots: bool = False, bins: str = "even") -> Graph:
+                pp_embedding_loss_slots: bool = False, bins: str = "even", inline_output: bool = False) -> Graph:
     call = call_text("parallelize", stage=stage, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero,
                      recompute=recompute)
     if stage not in graph.stage_names:
@@ -39,7 +40,8 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
     degrees = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, pp_interleave=pp_interleave, micro_batch=micro_batch)
     wrong = [f"{k} = {v!r}" for k, v in degrees.items() if isinstance(v, bool) or not isinstance(v, int)]
     wrong += [f"{k} = {v!r}" for k, v in (("sequence_parallel", sequence_parallel), ("pp_uneven", pp_uneven),
-                                          ("packing", packing), ("ep_overlap", ep_overlap))
+                                          ("packing", packing), ("ep_overlap", ep_overlap),
+                                          ("inline_output", inline_output))
               if not isinstance(v, bool)]
     for name, value in (("recompute", recompute), ("dispatcher", dispatcher), ("cuda_graphs", cuda_graphs),
                         ("routing", routing)):
@@ -74,7 +76,7 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                                 logits=logits, grad_dtype=grad_dtype, recompute_modules=tuple(recompute_modules),
                                 recompute_layers=recompute_layers, offload_activation_layers=offload_activation_layers,
                                 optimizer_moments=optimizer_moments, pp_embedding_loss_slots=pp_embedding_loss_slots,
-                                bins=bins)
+                                bins=bins, inline_output=inline_output)
     except RpegError as e:
         raise refuse(call, str(e)) from None
     new = graph.stage(stage).replace(layout=layout)

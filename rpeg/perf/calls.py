@@ -24,9 +24,8 @@ from rpeg.hardware.topology import Cluster
 from rpeg.perf import memory
 from rpeg.perf.cost import StageCost
 from rpeg.perf.efficiency import KV_MEMORY_UTILIZATION, KV_MEMORY_UTILIZATION_COLOCATED
-from rpeg.perf.generation import SIM_SEQUENCES, GenWorkload, critical_lengths, engine_layout, simulate_instance
-
-TIME_PARTS = ("prefill", "decode", "tensor-parallel comm", "engine step overhead")
+from rpeg.perf.generation import (SIM_SEQUENCES, TIME_PARTS, GenWorkload, critical_lengths, engine_layout,
+                                  simulate_instance)
 
 
 def serial_calls_s(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, work: GenWorkload, call: int,

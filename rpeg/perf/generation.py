@@ -20,9 +20,16 @@ the newest is preempted and later recomputed (vLLM's default preemption). Betwee
 is the step time at its start and end, averaged, times its steps. A step reads the weights (the
 experts a batch touches, for MoE) and the batch's KV cache, computes its GEMMs and attention
 (roofline), all-reduces over tensor parallelism twice per layer, and pays the engine's per-step
-CPU overhead. An MoE layer's experts (vLLM's fused MoE) cost as the busiest expert-parallel rank's
-under the layout's routing, and with expert parallelism the step dispatches and combines its tokens
-(perf/moe.py; counted in the decode and prefill lines).
+CPU overhead. The engine then turns the step's sampled tokens into its outputs (each request's
+new token and its logprob entry; detokenization and stop strings where a tokenizer is loaded), host
+time per running sequence
+(`OUTPUT_PER_SEQ_S`, fitted): where the engine core runs in the caller's process (the layout's
+`inline_output`: vLLM's LLM with VLLM_ENABLE_V1_MULTIPROCESSING=0, NeMo-RL's synchronous engine) the
+devices wait for it every step, its own line; with the engine core in its own process (vLLM V1's
+default; its AsyncLLM always) it runs beside the next step and costs only what exceeds it. An MoE
+layer's experts (vLLM's fused MoE) cost as the busiest expert-parallel rank's under the layout's
+routing, and with expert parallelism the step dispatches and combines its tokens (perf/moe.py;
+counted in the decode and prefill lines).
 """
 
 from __future__ import annotations
@@ -42,10 +49,23 @@ from rpeg.perf.compute import BF16, eager_host_s, head_forward, layer_forward
 from rpeg.perf.cost import StageCost
 from rpeg.perf.efficiency import (DECODE_OVERHEAD_PER_SEQ_S, DECODE_STEP_OVERHEAD_S, KV_MEMORY_UTILIZATION,
                                   KV_MEMORY_UTILIZATION_COLOCATED, Factor, host_time)
+from rpeg.perf.fitted import declare
 from rpeg.perf.flops import expected_generation_flops
 from rpeg.perf.moe import busiest_rank_load, dispatch_s
 
 MAX_NUM_SEQS = Factor(256, "vLLM's default cap on sequences in one batch (max_num_seqs)")
+OUTPUT_PER_SEQ_S = declare(
+    "generation.output_per_seq_s", unit="s per running sequence per decode step (x86 host)", bounds=(1e-6, 3e-4),
+    rows=("nemo-rl-v0.3-stages:rl:generation",), group="generation-output",
+    mechanism="host time an engine spends per running sequence after each decode step turning its sampled token "
+              "into output, on an x86 host (scaled by HOST_TIME): each request's EngineCoreOutput and vLLM V1's "
+              "OutputProcessor.process_outputs (the request's state, its new token ids and, with logprobs=0 as "
+              "NeMo-RL's SamplingParams ask at v0.3-v0.6, the sampled token's Logprob entry; incremental "
+              "detokenization and stop strings only where a tokenizer is loaded: NeMo-RL skips it when no stop "
+              "strings are set). NeMo-RL's synchronous engine runs it between steps (VLLM_ENABLE_V1_MULTIPROCESSING=0 "
+              "in its vLLM worker: vllm.LLM's engine core in the worker's process, InprocClient)")
+# the seconds of a simulated engine, by part (what `simulate_instance` returns besides its counts)
+TIME_PARTS = ("prefill", "decode", "tensor-parallel comm", "engine step overhead", "output processing")
 _GOLDEN = (math.sqrt(5) - 1) / 2
 # An engine's sequences are simulated one by one up to this many; a larger share runs as more of
 # the same waves of at most MAX_NUM_SEQS (256) sequences, which 4,096 (16 waves) already show in steady
@@ -97,6 +117,10 @@ class _StepModel:
     def overhead(self, batch: float) -> float:
         """The engine's host time per decode step, on the CPU that drives the device (HOST_TIME)."""
         return (DECODE_STEP_OVERHEAD_S.value + DECODE_OVERHEAD_PER_SEQ_S.value * batch) * self.host
+
+    def output(self, batch: float) -> float:
+        """The engine's host time per decode step turning `batch` sequences' tokens into outputs."""
+        return OUTPUT_PER_SEQ_S.value * batch * self.host
 
     def __call__(self, batch: float, context: float) -> tuple[float, float]:
         """(seconds, of which TP communication)."""
@@ -152,7 +176,7 @@ def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster,
     running: list[tuple[float, int]] = []  # heap of (finish at absolute decode step, seq)
     held = 0.0  # KV tokens held by running sequences, at `now`
     now = 0.0  # decode steps taken
-    decode_s = prefill_s = comm_s = overhead_s = 0.0
+    decode_s = prefill_s = comm_s = overhead_s = output_s = 0.0
     preemptions = 0
     max_seqs = int(MAX_NUM_SEQS.value) if max_seqs is None else max(1, int(max_seqs))
     start_step: dict[int, float] = {}
@@ -196,6 +220,9 @@ def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster,
         decode_s += delta * (t0 + t1) / 2
         comm_s += delta * (c0 + c1) / 2
         overhead_s += delta * step.overhead(b)
+        # in the step loop the devices wait for it; beside it (an engine-core process) only its excess shows
+        out = step.output(b)
+        output_s += delta * (out if layout.inline_output else max(0.0, out - (t0 + t1) / 2))
         now += delta
         held = ctx1
         # finish
@@ -215,7 +242,8 @@ def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster,
             queue.append(i)
             preemptions += 1
     return {"decode": decode_s - comm_s - overhead_s, "prefill": prefill_s, "tensor-parallel comm": comm_s,
-            "engine step overhead": overhead_s, "decode_steps": now, "preemptions": preemptions}
+            "engine step overhead": overhead_s, "output processing": output_s, "decode_steps": now,
+            "preemptions": preemptions}
 
 
 def steady_state(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, *, n: int, lengths: list[float],
@@ -299,6 +327,7 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
     if work.partial:  # once per step, whatever the number of simulated waves
         sim["recompute carried KV cache"] = carried_recompute_s(spec, layout, cluster, work, capacity)
     keys = ("prefill", "decode", "tensor-parallel comm", "engine step overhead") + (
+        ("output processing",) if layout.inline_output or sim["output processing"] > 0 else ()) + (
         ("recompute carried KV cache",) if work.partial else ())
     parts = tuple((k, sim[k]) for k in keys)
     seconds = sum(v for _, v in parts)
@@ -306,7 +335,8 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
     weights = memory.weight_bytes_per_device(spec, engine_layout(spec, layout))
     kv_bytes = util * dev.hbm_capacity_bytes - weights
     return StageCost(stage=name, seconds=seconds, compute_s=sim["prefill"], memory_s=sim["decode"],
-                     comm_s=sim["tensor-parallel comm"], overhead_s=sim["engine step overhead"], flops=flops,
+                     comm_s=sim["tensor-parallel comm"],
+                     overhead_s=sim["engine step overhead"] + sim["output processing"], flops=flops,
                      peak_memory_bytes=weights + kv_bytes, capacity_bytes=dev.hbm_capacity_bytes,
                      memory_parts=(("weights", weights), ("kv_cache", kv_bytes)), devices=layout.devices,
                      microbatches=n * instances, parts=parts)

@@ -33,7 +33,10 @@ Assumptions the schema leaves open, the same for every entry:
   swapped in from the host (`reference_on_host`); sequence packing with micro-batches of
   `training.micro_batch` (1) and `training.logprob_batch` (NEMO_RL_LOGPROB_BATCH) maximum-length
   sequences unless the entry says `packing: false`; an MoE model as NEMO_RL_MOE (natural routing, the
-  per-(token, expert) all-to-all, no overlap, no CUDA graphs). Prompt length PROMPT_TOKENS; response lengths
+  per-(token, expert) all-to-all, no overlap, no CUDA graphs). vLLM's engine processes its outputs in
+  its step loop (the layout's `inline_output`) unless the entry's `generation.async_engine` is true:
+  NeMo-RL's vllm_cfg.async_engine, false in grpo_math_1B.yaml (v0.3-v0.6) and true in every async
+  recipe, which an entry with async_bound > 0 defaults to. Prompt length PROMPT_TOKENS; response lengths
   log-normal with the entry's mean, truncated at its max, shape RESPONSE_SIGMA.
 """
 
@@ -87,7 +90,7 @@ NEMO_RL_LOGPROB_BATCH = Factor(4, "NeMo-RL's default policy.logprob_batch_size (
 # router's natural routing (an RL run never forces the balance); vLLM's engine routes naturally too
 NEMO_RL_MOE = {"dispatcher": "alltoall", "ep_overlap": False, "cuda_graphs": "none", "routing": "natural"}
 TRAIN_LAYOUT_KEYS = {"tp", "pp", "cp", "ep", "sequence_parallel", "recompute", "micro_batch", "logprob_batch", "packing"}
-GEN_LAYOUT_KEYS = {"tp", "pp", "ep"}
+GEN_LAYOUT_KEYS = {"tp", "pp", "ep", "async_engine"}
 
 TRAIN_KEYS = {"id", "system", "model", "gpus", "tp", "pp", "dp", "cp", "ep", "global_batch", "micro_batch", "seq",
               "recompute", "pp_interleave", "measured_iteration_s", "sequence_parallel", "notes", "source",
@@ -351,6 +354,12 @@ def read_rl_entry(entry: dict, models: dict[str, ModelSpec], where: str) -> Nemo
     _check_keys(gen, GEN_LAYOUT_KEYS, f"{where}.generation")
     _check_keys(train, TRAIN_LAYOUT_KEYS, f"{where}.training")
     generation = {k: _get(gen, k, f"{where}.generation", 1) for k in ("tp", "pp", "ep")}
+    # NeMo-RL's vllm_cfg.async_engine: AsyncLLM (its engine core in a process of its own) or the synchronous
+    # vllm.LLM, whose engine core its worker runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
+    generation["async_engine"] = gen.get("async_engine", k > 0)
+    if not isinstance(generation["async_engine"], bool):
+        raise RpegError(f"{where}.generation.async_engine: expected true or false (vllm_cfg.async_engine), got "
+                        f"{generation['async_engine']!r:.80}")
     training = {k: _get(train, k, f"{where}.training", 1) for k in ("tp", "pp", "cp", "ep", "micro_batch")}
     training["logprob_batch"] = _get(train, "logprob_batch", f"{where}.training", int(NEMO_RL_LOGPROB_BATCH.value))
     training["sequence_parallel"] = bool(train.get("sequence_parallel", False))
@@ -388,7 +397,7 @@ def nemo_rl_plan(run: NemoRlRun, where: str):
         raise RpegError(f"{where}: generation tp*pp = {gtp}*{gpp} does not divide its {gen_gpus} devices")
     moe_kw = {"routing": NEMO_RL_MOE["routing"]} if spec.is_moe else {}
     g = parallelize(g, "generate", dp=gen_gpus // (gtp * gpp), tp=gtp, pp=gpp, ep=gep,
-                    pp_uneven=bool(spec.layers % gpp), **moe_kw)
+                    pp_uneven=bool(spec.layers % gpp), inline_output=not run.generation["async_engine"], **moe_kw)
     ttp, tpp, tcp, tep = (run.training[k] for k in ("tp", "pp", "cp", "ep"))
     if train_gpus % (ttp * tpp * tcp):
         raise RpegError(f"{where}: training tp*pp*cp = {ttp}*{tpp}*{tcp} does not divide its {train_gpus} devices")

@@ -256,3 +256,57 @@ def test_a_grace_host_pays_its_host_time_and_nothing_else():
     assert b["engine step overhead"] == pytest.approx(a["engine step overhead"] * HOST_TIME["grace"].value)
     for part in ("prefill", "decode"):
         assert b[part] == pytest.approx(a[part])
+
+
+# ---- output processing in the engine's step loop (inline_output) -----------------------------------
+def _waves(cluster, batch, length, prompt, inline):
+    """`batch` sequences of `length` tokens admitted together, no KV limit: one interval of length - 1
+    decode steps at a fixed batch, so the output processing is hand-computable."""
+    return simulate_instance(SMALL, Layout(inline_output=inline), cluster, n=batch, prompt=prompt,
+                             lengths=[length] * batch, capacity_tokens=math.inf)
+
+
+def test_inline_output_processing_is_paid_every_decode_step(dgx):
+    """In the step loop (vLLM's LLM with VLLM_ENABLE_V1_MULTIPROCESSING=0, NeMo-RL's synchronous
+    engine): 100 us x 64 sequences x 999 decode steps = 6.3936 s, its own part; nothing else moves."""
+    from rpeg.perf.fitted import override
+    from rpeg.perf.generation import OUTPUT_PER_SEQ_S
+
+    with override({OUTPUT_PER_SEQ_S.name: 100e-6}):
+        inline = _waves(dgx, 64, 1000, 256, True)
+        beside = _waves(dgx, 64, 1000, 256, False)
+    assert inline["decode_steps"] == 999
+    assert inline["output processing"] == pytest.approx(100e-6 * 64 * 999)
+    for part in ("prefill", "decode", "tensor-parallel comm", "engine step overhead"):
+        assert inline[part] == pytest.approx(beside[part])
+
+
+def test_output_processing_beside_the_steps_costs_only_its_excess(dgx):
+    """With the engine core in its own process the front end processes one step's outputs while the
+    next step runs: hidden while it is shorter than the step (8 sequences: 0.8 ms against a step of
+    ~2 ms of host overhead alone), and only the excess beyond the step where it is longer (1 ms a
+    sequence x 64: 64 ms against a step of a few ms)."""
+    from rpeg.perf.fitted import override
+    from rpeg.perf.generation import OUTPUT_PER_SEQ_S, _StepModel
+
+    with override({OUTPUT_PER_SEQ_S.name: 100e-6}):
+        assert _waves(dgx, 8, 1000, 256, False)["output processing"] == 0.0
+    with override({OUTPUT_PER_SEQ_S.name: 1e-3}):
+        sim = _waves(dgx, 64, 1000, 256, False)
+    step = _StepModel(SMALL, Layout(), dgx, "bf16")
+    held0 = 64 * 256  # each sequence holds its prompt when the first decode step starts
+    mean_step = (step(64, held0)[0] + step(64, held0 + 64 * 999)[0]) / 2
+    assert 0 < mean_step < 0.064
+    assert sim["output processing"] == pytest.approx(999 * (1e-3 * 64 - mean_step))
+
+
+def test_the_stage_shows_inline_output_processing_as_its_own_line(dgx):
+    work = GenWorkload(sequences=512, prompt_len=256, response=LOGNORMAL)
+    inline = generation_cost("g", SMALL, Layout(dp=8, inline_output=True), dgx, work)
+    parts = dict(inline.parts)
+    assert parts["output processing"] > 0
+    assert inline.seconds == pytest.approx(sum(parts.values()))
+    assert inline.overhead_s == pytest.approx(parts["engine step overhead"] + parts["output processing"])
+    beside = generation_cost("g", SMALL, Layout(dp=8), dgx, work)
+    assert inline.seconds - beside.seconds == pytest.approx(parts["output processing"]
+                                                            - dict(beside.parts).get("output processing", 0.0))
