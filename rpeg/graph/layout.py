@@ -119,8 +119,12 @@ class ParallelLayout:
     0 for dropless routing (Megatron's default), else each expert's input padded to that many times
     its mean share and the rest dropped (--moe-expert-capacity-factor with
     --moe-pad-expert-input-to-capacity; Megatron-Bridge's apply_moe_token_drop: 1.0), which fixes the
-    shapes: no device-to-host sync, and no rank above the capacity. The defaults are what the model
-    assumed before these knobs: per-(token, expert) all-to-all, not overlapped, no graphs, balanced,
+    shapes: no device-to-host sync, and no rank above the capacity. rank_capacity_factor: 0, or a
+    static receive buffer per expert-parallel rank of that many times its mean (token, expert) pairs
+    (Megatron's --moe-expert-rank-capacity-factor, which the full-iteration CUDA-graph recipes set with
+    HybridEP and the paged stash): shapes fixed, so no device-to-host sync, and the expert part of each
+    MoE layer runs over the whole buffer; the exchange still sends only the routed tokens. The defaults
+    are what the model assumed before these knobs: per-(token, expert) all-to-all, not overlapped, no graphs, balanced,
     dropless.
 
     logits: how a training or log-prob pass turns the last stage's hidden states into log-probs, which
@@ -159,6 +163,7 @@ class ParallelLayout:
     cuda_graphs: str = "none"
     routing: str = "balanced"
     capacity_factor: float = 0.0
+    rank_capacity_factor: float = 0.0
     logits: str = DEFAULT_LOGITS
 
     def __post_init__(self) -> None:
@@ -244,6 +249,11 @@ class ParallelLayout:
             raise RpegError(f"parallel layout: capacity_factor = {self.capacity_factor!r} must be 0 (dropless) or an "
                             "expert capacity factor up to 64")
         object.__setattr__(self, "capacity_factor", float(self.capacity_factor))
+        rank = self.rank_capacity_factor
+        if isinstance(rank, bool) or not isinstance(rank, (int, float)) or not (rank == 0 or 1.0 <= rank <= 64.0):
+            raise RpegError(f"parallel layout: rank_capacity_factor = {rank!r:.80} must be 0 (buffers sized by a sync) "
+                            "or a per-rank capacity factor from 1 to 64 (Megatron's moe_expert_rank_capacity_factor)")
+        object.__setattr__(self, "rank_capacity_factor", float(rank))
         if self.capacity_factor and self.dispatcher not in ("alltoall", "allgather"):
             raise RpegError(f"parallel layout: capacity_factor = {self.capacity_factor:g} needs the alltoall or "
                             f"allgather dispatcher, not {self.dispatcher} (Megatron pads experts to capacity in those "

@@ -30,7 +30,10 @@ GEMMs and the host time of an MoE layer. Pure functions; `compute.layer_forward`
   compute, which meanwhile loses the SMs the exchange runs on (EP_OVERLAP_SM_SHARE).
 - Routing (ParallelLayout.routing): balanced (forced, as benchmarks run) or natural, where the
   busiest of the ep ranks sets the time of the expert GEMMs and of the exchange (`busiest_rank_load`);
-  with an expert capacity (ParallelLayout.capacity_factor) every expert is padded to it instead.
+  with an expert capacity (ParallelLayout.capacity_factor) every expert is padded to it instead; with a
+  per-rank capacity (ParallelLayout.rank_capacity_factor, the full-iteration-graph recipes') the expert
+  part runs over the rank's whole static buffer (`expert_buffer_load`: the `expert capacity padding` line),
+  while the exchange sends only the routed tokens.
 - Grouped GEMMs: each local expert's GEMM over the rows routed to it follows a curve over rows per
   expert (GROUPED_GEMM_ROWS_HALF, by dtype), and writes its output after its short K loop, a write
   that adds to its time (`expert_output_bytes`); in fp8 each expert input is quantized first
@@ -40,8 +43,8 @@ GEMMs and the host time of an MoE layer. Pure functions; `compute.layer_forward`
   (a device-to-host sync; DeepEP and HybridEP wait on the host for their receive counts likewise), so
   in the forward the host cannot queue the layer's kernels ahead of the GPU and each costs the host
   time of one framework op (HOST_OP_S); the backward, without a sync, costs each of its kernels
-  its launch and tail (KERNEL_LAUNCH_S; `moe_host_s`), as does a forward padded to capacity, whose
-  shapes are known without a sync. Full CUDA graphs (ParallelLayout.cuda_graphs =
+  its launch and tail (KERNEL_LAUNCH_S; `moe_host_s`), as does a forward padded to an expert or a
+  rank capacity, whose shapes are known without a sync. Full CUDA graphs (ParallelLayout.cuda_graphs =
   full) remove both; partial graphs capture the attention and dense parts only (`moe_launches`).
 """
 
@@ -168,6 +171,18 @@ def busiest_rank_load(spec: ModelSpec, ep: int, routing: str, capacity_factor: f
     if routing != "natural" or ep <= 1 or not spec.is_moe:
         return 1.0
     return 1.0 + ROUTING_LOAD_CV.value * math.sqrt(2 * math.log(ep)) / math.sqrt(spec.experts / ep)
+
+
+def expert_buffer_load(load: float, rank_capacity_factor: float) -> float:
+    """The rows an MoE layer's expert part runs over, as a multiple of the rank's mean (token, expert) pairs:
+    the busiest rank's `load`, or with a per-rank capacity (ParallelLayout.rank_capacity_factor) the whole
+    static buffer. Megatron's HybridEP path sizes the receive buffer at tokens x top-k x
+    moe_expert_rank_capacity_factor when the factor is set (token_dispatcher.py `setup_metadata`: "Static
+    upper bound on permuted tokens ... (dropless EP rank budget)"), so that full-iteration CUDA graphs see
+    one shape; the grouped MLP then takes that buffer whole (experts.py: `max_num_tokens =
+    permuted_local_hidden_states.shape[0]`), its GEMMs, activation and quantization over the empty rows
+    as over the routed ones. The exchange sends only the routed tokens (`load`, not this)."""
+    return rank_capacity_factor if rank_capacity_factor > 0 else load
 
 
 def dispatched_tokens(tokens: float, tp: int) -> float:

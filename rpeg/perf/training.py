@@ -76,10 +76,16 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
               flash_attention=work.flash_attention)
     fwd = LayerTime(0, 0, 0, 0, 0)
     load = moe.busiest_rank_load(spec, ep, layout.routing, layout.capacity_factor)  # the busiest rank's share
+    buffer_load = moe.expert_buffer_load(load, layout.rank_capacity_factor)  # the rows the expert part runs over
+    pad_fwd = 0.0  # a forward's expert work on the static buffer's empty rows (rank_capacity_factor)
     if dense_l:
         fwd = fwd + layer_forward(spec, dev, moe_layer=False, **kw).scaled(dense_l * share)
     if moe_l:
-        fwd = fwd + layer_forward(spec, dev, moe_layer=True, moe_load=load, **kw).scaled(moe_l * share)
+        moe_fwd = layer_forward(spec, dev, moe_layer=True, moe_load=buffer_load, **kw).scaled(moe_l * share)
+        fwd = fwd + moe_fwd
+        if buffer_load != load:
+            pad_fwd = moe_fwd.seconds - layer_forward(spec, dev, moe_layer=True, moe_load=load,
+                                                      **kw).scaled(moe_l * share).seconds
     # the output head runs on the last pipeline stage only: the step's time is that of its slowest
     # (the last) stage, but the work summed over devices counts the head once per pipeline (1 / pp)
     head = head_forward(spec, dev, tokens=tokens, tp=tp, dtype=work.dtype, value_head=work.value_head)
@@ -92,7 +98,8 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
                                                      * KERNELS_PER_LAYER * layers_per_stage)
     moe_kernels = moe.moe_launches(spec, ep, work.dtype, layout.cuda_graphs) * moe_l * share \
         if dev.layer_host_s <= 0 else 0.0
-    moe_fwd_host, moe_bwd_host = moe.moe_host_s(moe_kernels, host_time(dev), sync=not layout.capacity_factor)
+    static = bool(layout.capacity_factor or layout.rank_capacity_factor)  # shapes known without a sync
+    moe_fwd_host, moe_bwd_host = moe.moe_host_s(moe_kernels, host_time(dev), sync=not static)
 
     # communication per micro-batch on one stage
     act_bytes = tokens * spec.hidden * BF16
@@ -209,7 +216,9 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
     bubble_s = bubble_mbs * bubble_mb * steps
     comm_s = (m * (comm + p2p) + dp_s) * steps
     compute_s = (m * (compute + ep_sm_s + recompute_s)) * steps
-    parts = (("compute", m * (compute - launch_s + recompute_s) * steps),
+    pad_s = passes * pad_fwd  # the padded rows' expert work, forward and backward
+    parts = (("compute", m * (compute - launch_s + recompute_s - pad_s) * steps),
+             ("expert capacity padding", m * pad_s * steps),
              ("kernel launches", m * passes * launch * steps),
              ("MoE kernel launches", m * moe_launch * steps),
              ("tensor-parallel comm", m * tp_fwd * (1 if work.forward_only else 2) * steps),
