@@ -27,7 +27,8 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                 packing: bool = True, offload_optimizer: float | bool = 0.0, offload_params: bool = False,
                 resident: list[str] | tuple[str, ...] = (),
                 pageable: list[str] | tuple[str, ...] = (), dispatcher: str = "alltoall",
-                ep_overlap: bool = False, cuda_graphs: str = "none", routing: str = "balanced",
+                ep_overlap: bool = False, cuda_graphs: str | list[str] | tuple[str, ...] = "none",
+                routing: str = "balanced",
                 capacity_factor: float = 0.0, logits: str = DEFAULT_LOGITS, grad_dtype: str = "fp32",
                 recompute_modules: list[str] | tuple[str, ...] = (), recompute_layers: int = 0,
                 offload_activation_layers: int = 0, optimizer_moments: str = "fp32",
@@ -41,10 +42,12 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
     wrong += [f"{k} = {v!r}" for k, v in (("sequence_parallel", sequence_parallel), ("pp_uneven", pp_uneven),
                                           ("packing", packing), ("ep_overlap", ep_overlap))
               if not isinstance(v, bool)]
-    for name, value in (("recompute", recompute), ("dispatcher", dispatcher), ("cuda_graphs", cuda_graphs),
-                        ("routing", routing)):
+    for name, value in (("recompute", recompute), ("dispatcher", dispatcher), ("routing", routing)):
         if not isinstance(value, str):
             wrong.append(f"{name} = {value!r}")
+    if not isinstance(cuda_graphs, str) and not (isinstance(cuda_graphs, (list, tuple))
+                                                 and all(isinstance(v, str) for v in cuda_graphs)):
+        wrong.append(f"cuda_graphs = {cuda_graphs!r}")
     if not isinstance(logits, str):
         wrong.append(f"logits = {logits!r}")
     for name, value in (("grad_dtype", grad_dtype), ("optimizer_moments", optimizer_moments)):

@@ -45,7 +45,9 @@ GEMMs and the host time of an MoE layer. Pure functions; `compute.layer_forward`
   time of one framework op (HOST_OP_S); the backward, without a sync, costs each of its kernels
   its launch and tail (KERNEL_LAUNCH_S; `moe_host_s`), as does a forward padded to an expert or a
   rank capacity, whose shapes are known without a sync. Full CUDA graphs (ParallelLayout.cuda_graphs =
-  full) remove both; partial graphs capture the attention and dense parts only (`moe_launches`).
+  full) remove both; partial graphs capture the attention and dense parts only; the moe_router scope
+  (with moe_preprocess) captures the router's and the dispatcher preprocessing's kernels (ROUTER_KERNELS,
+  fitted), the moe scope (drop-and-pad only) the whole MoE layer (`moe_launches`).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from rpeg.graph.layout import graph_scopes
 from rpeg.graph.model import ModelSpec
 from rpeg.hardware.topology import Cluster
 from rpeg.perf.collectives import Group, exchange_s
@@ -64,6 +67,15 @@ from rpeg.perf.fitted import declare
 # Fitted on the Megatron-Core training iterations of both files; a row run under a condition the model has no
 # mechanism for (packing) is left out (rpeg/perf/fit.py), and each group keeps only the rows it moves.
 _TRAINING_ROWS = ("megatron-bridge:training", "megatron-lm-moe-recipes:training")
+ROUTER_KERNELS = declare(
+    "moe.router_kernels", unit="kernels per MoE layer forward", bounds=(0.5, 40.0), rows=_TRAINING_ROWS,
+    group="moe-graph-scopes",
+    mechanism="the kernels of moe.layer_kernels that the moe_router and moe_preprocess CUDA-graph scopes capture "
+              "(Megatron-Core TransformerConfig.cuda_graph_modules: 'operations in TransformerLayer._forward_mlp() up "
+              "to MoELayer.router()' and 'operations in MoELayer.preprocess()': the pre-MLP norm, the router GEMM, "
+              "score and top-k, the aux loss and token counts, the dispatcher's metadata), replayed by one graph "
+              "launch; they run before the dispatcher's device-to-host sync. How many a recipe's fusions leave is "
+              "not published")
 ROUTING_LOAD_CV = declare(
     "moe.routing_load_cv", unit="coefficient of variation", bounds=(0.02, 1.0), rows=_TRAINING_ROWS,
     group="moe-routing",
@@ -263,11 +275,17 @@ def moe_host_s(kernels: float, host: float, sync: bool = True) -> tuple[float, f
     return kernels * forward * host, 2 * kernels * KERNEL_LAUNCH_S.value * host
 
 
-def moe_launches(spec: ModelSpec, ep: int, dtype: str, cuda_graphs: str) -> float:
+def moe_launches(spec: ModelSpec, ep: int, dtype: str, cuda_graphs: str | tuple[str, ...]) -> float:
     """Kernels the host launches for one MoE layer's forward outside CUDA graphs: LAYER_KERNELS plus
-    MOE_KERNELS_PER_EXPERT per local expert; none under full-iteration graphs (partial graphs leave the
-    expert part eager: its shapes change with the routing)."""
-    if cuda_graphs == "full" or not spec.is_moe:
+    MOE_KERNELS_PER_EXPERT per local expert; none under full-iteration graphs or the `moe` scope (which
+    Megatron-Core allows with drop-and-pad only); the `moe_router` scope (with or without
+    `moe_preprocess`) captures ROUTER_KERNELS of them; `partial` and the dense scopes leave the MoE part
+    eager: its shapes change with the routing."""
+    scopes = graph_scopes(cuda_graphs)
+    if not spec.is_moe or scopes & {"full_iteration", "moe"}:
         return 0.0
     per_expert = MOE_KERNELS_PER_EXPERT["fp8" if dtype == "fp8" else "bf16"].value
-    return LAYER_KERNELS.value + per_expert * local_experts(spec, ep)
+    layer = LAYER_KERNELS.value
+    if "moe_router" in scopes:
+        layer -= min(ROUTER_KERNELS.value, layer)
+    return layer + per_expert * local_experts(spec, ep)

@@ -48,7 +48,7 @@ from typing import Any
 from rpeg.algorithms import Models, build_graph
 from rpeg.errors import RpegError
 from rpeg.graph import Job, Kind, LengthDistribution, ModelSpec, ParallelLayout
-from rpeg.graph.layout import RECOMPUTE_MODULES
+from rpeg.graph.layout import CUDA_GRAPH_SCOPES, RECOMPUTE_MODULES
 from rpeg.graph.bounds import MAX_SECONDS, problem, show
 from rpeg.graph.serde import from_data, read_yaml_file
 from rpeg.hardware import load_cluster
@@ -106,7 +106,8 @@ TRAIN_OPTIONS: dict[str, tuple[tuple[Any, ...], str]] = {
     "recompute": (("none", "selective", "full"), "activation recomputation"),
     "sequence_parallel": ((False, True), "Megatron sequence parallelism along tp"),
     "routing": (("balanced", "natural"), "MoE routing: forced load balance (benchmarks) or the learned router"),
-    "cuda_graphs": (("none", "partial", "full"), "CUDA graphs: off, scoped to some modules, or the whole iteration"),
+    "cuda_graphs": (("none", "partial", "full"), "CUDA graphs: off, the attention and dense parts, the whole "
+                                                 "iteration, or a list of Megatron-Core's cuda_graph_scope values"),
     "dispatcher": (("alltoall", "allgather", "deepep", "hybridep"), "MoE token dispatcher (flex backends by name)"),
     "ep_overlap": ((False, True), "expert-parallel all-to-all overlapped with another micro-batch's compute"),
     "packing": ((False, True), "several documents packed into each seq-long sample (attention per document)"),
@@ -158,6 +159,11 @@ def _option(entry: dict, key: str, where: str, default: Any) -> Any:
         return default
     allowed, meaning = TRAIN_OPTIONS[key]
     value = entry[key]
+    if key == "cuda_graphs" and isinstance(value, list):  # Megatron-Core's scope list (ParallelLayout checks it)
+        bad = [v for v in value if v not in CUDA_GRAPH_SCOPES]
+        if bad or not value:
+            raise RpegError(f"{where}.cuda_graphs: {value!r:.80} must list scopes of {', '.join(CUDA_GRAPH_SCOPES)}")
+        return tuple(value)
     if not any(value is a if isinstance(a, bool) else (not isinstance(value, bool) and value == a) for a in allowed):
         names = ", ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in allowed)
         raise RpegError(f"{where}.{key}: {value!r:.80} is not one of {names} ({meaning})")

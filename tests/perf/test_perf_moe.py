@@ -354,3 +354,40 @@ def test_layout_refuses_a_bad_rank_capacity(value):
     with pytest.raises(RpegError) as info:
         ParallelLayout(dp=16, ep=16, rank_capacity_factor=value)
     assert f"rank_capacity_factor = {value!r}" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_cuda_graph_scopes_take_their_kernels_off_the_host(qwen):
+    """Megatron-Core's cuda_graph_scope: attn takes the attention half (6) of a layer's 12 dense kernels, mlp
+    the other half of a dense layer, moe an MoE layer's other half and its whole MoE part; moe_router (with
+    moe_preprocess) captures moe.router_kernels of the MoE layer's own kernels; partial and full as before."""
+    from rpeg.perf.training import layer_launches
+    assert layer_launches("none", moe_layer=True) == 12 and layer_launches("partial", moe_layer=True) == 0
+    assert layer_launches(("attn",), moe_layer=True) == 6 and layer_launches(("attn", "mlp"), moe_layer=False) == 0
+    assert layer_launches(("attn", "mlp"), moe_layer=True) == 6  # mlp scope is the dense layers' MLP only
+    assert layer_launches(("full_iteration",), moe_layer=False) == 0 == layer_launches("full", moe_layer=True)
+    with override({"moe.router_kernels": 10.0}):
+        # EP8: 16 local experts; 40 - 10 + 2 x 16 = 62 kernels with the router captured, 72 without
+        assert moe.moe_launches(qwen, 8, "bf16", ("attn", "moe_router", "moe_preprocess")) == 62
+        assert moe.moe_launches(qwen, 8, "bf16", ("attn",)) == 72 == moe.moe_launches(qwen, 8, "bf16", "partial")
+        assert moe.moe_launches(qwen, 8, "bf16", ("moe",)) == 0
+        # the pass: 8 micro-batches x 48 layers x (62 x 13.5 us + 2 x 62 x 4 us) on x86, and the dense
+        # launches: 3 passes x 48 layers x 6 kernels (the MLP half; attention captured) x 4 us
+        parts = dict(_pass(qwen, cuda_graphs=("attn", "moe_router", "moe_preprocess")).parts)
+        assert parts["MoE kernel launches"] == pytest.approx(8 * 48 * (56 - 10) * (13.5e-6 + 2 * 4e-6))
+        assert parts["kernel launches"] == pytest.approx(8 * 3 * 48 * 6 * 4e-6)
+
+
+@pytest.mark.parametrize("value, needle", [
+    (("attn", "router"), "cuda_graphs scope 'router' is not one of attn, mlp, moe, moe_router"),
+    (("moe_preprocess",), "moe_preprocess needs moe_router too"),
+    (("moe", "moe_router"), "has both moe and moe_router"),
+    (("moe",), "scope moe needs capacity_factor > 0"),
+    (("full_iteration", "attn"), "combines full_iteration with per-layer scopes"),
+    ((), "must be none, partial, full or a non-empty list"),
+])
+def test_layout_refuses_bad_cuda_graph_scopes(value, needle):
+    with pytest.raises(RpegError) as info:
+        ParallelLayout(dp=16, ep=16, cuda_graphs=value)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+    assert ParallelLayout(dp=16, ep=16, cuda_graphs=["moe_preprocess", "attn", "moe_router"]).cuda_graphs == (
+        "attn", "moe_router", "moe_preprocess")  # a list, in Megatron-Core's order
