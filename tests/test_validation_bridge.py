@@ -82,6 +82,9 @@ def _one(extra: str = "", row: str = ROW):
     (", flash_attention: maybe", ".flash_attention: 'maybe' is not one of false, true"),
     (", routing: random", ".routing: 'random' is not one of balanced, natural"),
     (", cuda_graphs: true", ".cuda_graphs: True is not one of none, partial, full"),
+    (", cuda_graphs: [attn, router]", ".cuda_graphs: ['attn', 'router'] must list scopes of attn, mlp, moe"),
+    (", cuda_graphs: [moe_preprocess]", "cuda_graphs scope moe_preprocess needs moe_router too"),
+    (", rank_capacity_factor: 0.5", "rank_capacity_factor = 0.5 must be 0 (buffers sized by a sync) or a per-rank"),
     (", dispatcher: nccl", ".dispatcher: 'nccl' is not one of alltoall, allgather, deepep, hybridep"),
     (", ep_overlap: 1", ".ep_overlap: 1 is not one of false, true"),
     (", packing: packed", ".packing: 'packed' is not one of false, true"),
@@ -164,6 +167,12 @@ def test_moe_options_reach_the_model_each_on_its_line():
     assert _one(", routing: natural")[0].note == ""
     capped = dict(_one(", routing: natural, capacity_factor: 1.0")[0].parts)  # padded: no sync, no busiest rank
     assert capped["MoE kernel launches"] < parts["MoE kernel launches"]
+    scoped = dict(_one(", cuda_graphs: [attn, moe_router, moe_preprocess]")[0].parts)  # the router's kernels
+    assert 0 < scoped["MoE kernel launches"] < parts["MoE kernel launches"]
+    assert 0 < scoped["kernel launches"] < parts["kernel launches"]  # the attention half captured
+    buffered = dict(_one(", dispatcher: hybridep, cuda_graphs: full, rank_capacity_factor: 1.5")[0].parts)
+    assert buffered["expert capacity padding"] > 0 and buffered["expert-parallel comm"] == pytest.approx(
+        hybrid["expert-parallel comm"])  # the buffer is computed whole; the exchange sends the routed tokens
 
 
 def test_options_the_model_reads_change_the_prediction():

@@ -34,7 +34,19 @@ BINS = ("even", "ffd")
 # how an MoE stage runs (rpeg/perf/moe.py prices each): the token dispatcher, the CUDA-graph scope and the routing
 DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
 CUDA_GRAPHS = ("none", "partial", "full")
+# Megatron-Core's cuda_graph_scope (TransformerConfig.cuda_graph_modules: attn, mlp, moe, moe_router, moe_preprocess,
+# mamba) and its full-iteration graph (cuda_graph_impl "full_iteration", which Megatron-LM recipes also write as
+# the scope full_iteration); training.layer_launches and moe.moe_launches say what each takes off the host
+CUDA_GRAPH_SCOPES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba", "full_iteration")
 ROUTINGS = ("balanced", "natural")
+
+
+def graph_scopes(cuda_graphs: str | tuple[str, ...]) -> frozenset[str]:
+    """The scopes a cuda_graphs value captures: `partial` is the attention and dense parts of every layer
+    (attn, mlp, and the "partial" mark for an MoE layer's own dense kernels; the MoE part eager), `full`
+    the whole iteration."""
+    named = {"none": (), "partial": ("attn", "mlp", "partial"), "full": ("full_iteration",)}
+    return frozenset(named[cuda_graphs] if isinstance(cuda_graphs, str) else cuda_graphs)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -118,14 +130,19 @@ class ParallelLayout:
     exchange (Megatron's --moe-token-dispatcher-type alltoall / allgather, its flex dispatcher with the
     DeepEP or HybridEP backend; vLLM's all2all backend); ep_overlap: the all-to-all of one micro-batch
     overlapped with another's compute (Megatron's --overlap-moe-expert-parallel-comm); cuda_graphs: none,
-    partial (the attention and dense parts captured, Megatron's --cuda-graph-scope) or full (the whole
-    iteration); routing: balanced (forced, as benchmarks run: --moe-router-force-load-balancing) or
+    partial (the attention and dense parts captured), full (the whole iteration), or a list of
+    Megatron-Core's --cuda-graph-scope values (CUDA_GRAPH_SCOPES; priced by training.layer_launches and
+    moe.moe_launches); routing: balanced (forced, as benchmarks run: --moe-router-force-load-balancing) or
     natural (the learned router: the busiest expert-parallel rank sets the time); capacity_factor:
     0 for dropless routing (Megatron's default), else each expert's input padded to that many times
     its mean share and the rest dropped (--moe-expert-capacity-factor with
     --moe-pad-expert-input-to-capacity; Megatron-Bridge's apply_moe_token_drop: 1.0), which fixes the
-    shapes: no device-to-host sync, and no rank above the capacity. The defaults are what the model
-    assumed before these knobs: per-(token, expert) all-to-all, not overlapped, no graphs, balanced,
+    shapes: no device-to-host sync, and no rank above the capacity. rank_capacity_factor: 0, or a
+    static receive buffer per expert-parallel rank of that many times its mean (token, expert) pairs
+    (Megatron's --moe-expert-rank-capacity-factor, which the full-iteration CUDA-graph recipes set with
+    HybridEP and the paged stash): shapes fixed, so no device-to-host sync, and the expert part of each
+    MoE layer runs over the whole buffer; the exchange still sends only the routed tokens. The defaults
+    are what the model assumed before these knobs: per-(token, expert) all-to-all, not overlapped, no graphs, balanced,
     dropless.
 
     logits: how a training or log-prob pass turns the last stage's hidden states into log-probs, which
@@ -169,9 +186,10 @@ class ParallelLayout:
     pp_embedding_loss_slots: bool = False
     dispatcher: str = "alltoall"
     ep_overlap: bool = False
-    cuda_graphs: str = "none"
+    cuda_graphs: str | tuple[str, ...] = "none"
     routing: str = "balanced"
     capacity_factor: float = 0.0
+    rank_capacity_factor: float = 0.0
     logits: str = DEFAULT_LOGITS
     inline_output: bool = False
 
@@ -252,10 +270,11 @@ class ParallelLayout:
 
     def _check_moe_options(self) -> None:
         """The MoE execution options: each in one line with its way out."""
-        for name, allowed in (("dispatcher", DISPATCHERS), ("cuda_graphs", CUDA_GRAPHS), ("routing", ROUTINGS)):
+        for name, allowed in (("dispatcher", DISPATCHERS), ("routing", ROUTINGS)):
             value = getattr(self, name)
             if value not in allowed:
                 raise RpegError(f"parallel layout: {name} = {value!r} must be one of {', '.join(allowed)}")
+        self._check_cuda_graphs()
         if not isinstance(self.ep_overlap, bool):
             raise RpegError(f"parallel layout: ep_overlap = {self.ep_overlap!r} must be true or false")
         if isinstance(self.capacity_factor, bool) or not isinstance(self.capacity_factor, (int, float)) or not (
@@ -263,6 +282,11 @@ class ParallelLayout:
             raise RpegError(f"parallel layout: capacity_factor = {self.capacity_factor!r} must be 0 (dropless) or an "
                             "expert capacity factor up to 64")
         object.__setattr__(self, "capacity_factor", float(self.capacity_factor))
+        rank = self.rank_capacity_factor
+        if isinstance(rank, bool) or not isinstance(rank, (int, float)) or not (rank == 0 or 1.0 <= rank <= 64.0):
+            raise RpegError(f"parallel layout: rank_capacity_factor = {rank!r:.80} must be 0 (buffers sized by a sync) "
+                            "or a per-rank capacity factor from 1 to 64 (Megatron's moe_expert_rank_capacity_factor)")
+        object.__setattr__(self, "rank_capacity_factor", float(rank))
         if self.capacity_factor and self.dispatcher not in ("alltoall", "allgather"):
             raise RpegError(f"parallel layout: capacity_factor = {self.capacity_factor:g} needs the alltoall or "
                             f"allgather dispatcher, not {self.dispatcher} (Megatron pads experts to capacity in those "
@@ -270,6 +294,42 @@ class ParallelLayout:
         if self.ep_overlap and self.ep == 1:
             raise RpegError("parallel layout: ep_overlap needs ep > 1 (there is no expert-parallel all-to-all to "
                             "overlap)")
+
+    def _check_cuda_graphs(self) -> None:
+        """cuda_graphs: none, partial, full, or a list of Megatron-Core scopes, checked as Megatron-Core's
+        TransformerConfig.__post_init__ checks cuda_graph_modules."""
+        value = self.cuda_graphs
+        if isinstance(value, str):
+            if value not in CUDA_GRAPHS:
+                raise RpegError(f"parallel layout: cuda_graphs = {value!r} must be one of {', '.join(CUDA_GRAPHS)} "
+                                f"or a list of scopes ({', '.join(CUDA_GRAPH_SCOPES)})")
+            return
+        if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) for v in value):
+            raise RpegError(f"parallel layout: cuda_graphs = {value!r:.80} must be none, partial, full or a non-empty "
+                            f"list of scopes ({', '.join(CUDA_GRAPH_SCOPES)})")
+        bad = [v for v in value if v not in CUDA_GRAPH_SCOPES]
+        if bad:
+            raise RpegError(f"parallel layout: cuda_graphs scope {bad[0]!r} is not one of "
+                            f"{', '.join(CUDA_GRAPH_SCOPES)}")
+        scopes = tuple(v for v in CUDA_GRAPH_SCOPES if v in value)
+        if "full_iteration" in scopes and len(scopes) > 1:
+            raise RpegError(f"parallel layout: cuda_graphs {list(value)} combines full_iteration with per-layer "
+                            "scopes; a full-iteration graph takes no scope list (Megatron-Core: cuda_graph_modules "
+                            "must be empty)")
+        if "moe_preprocess" in scopes and "moe_router" not in scopes:
+            raise RpegError("parallel layout: cuda_graphs scope moe_preprocess needs moe_router too (Megatron-Core: "
+                            "'moe_preprocess cuda graph is only supported with moe_router cuda graph')")
+        if "moe" in scopes and "moe_router" in scopes:
+            raise RpegError("parallel layout: cuda_graphs has both moe and moe_router; keep one (Megatron-Core: "
+                            "'cuda_graph_modules must not contain both moe and moe_router')")
+        if "moe" in scopes and not self.capacity_factor:
+            raise RpegError("parallel layout: cuda_graphs scope moe needs capacity_factor > 0 (Megatron-Core: 'moe "
+                            "cuda graph is only supported with drop-padding MoE'); capture moe_router instead")
+        object.__setattr__(self, "cuda_graphs", scopes)
+
+    @property
+    def graph_scopes(self) -> frozenset[str]:
+        return graph_scopes(self.cuda_graphs)
 
     def replace(self, **changes) -> ParallelLayout:
         return dataclasses.replace(self, **changes)

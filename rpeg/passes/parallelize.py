@@ -5,7 +5,8 @@ product dp*tp*pp*cp equals the devices of the stage's group; tp divides the atte
 (and divides or is a multiple of the kv heads); pp divides the layers; ep divides the experts
 and dp*cp*tp; ZeRO, recomputation and offload (offload_optimizer, offload_params, resident, pageable:
 see ParallelLayout) apply to training only; an MoE stage's dispatcher, ep_overlap, cuda_graphs,
-routing and capacity_factor say how its experts run (ParallelLayout; rpeg/perf/moe.py prices them).
+routing, capacity_factor and rank_capacity_factor say how its experts run (ParallelLayout; rpeg/perf/moe.py
+prices them).
 logits names how a training or log-prob pass computes its log-probs (rpeg/perf/logits.py); the
 Megatron-Core recipe options (recompute_modules, recompute_layers, offload_activation_layers,
 grad_dtype, optimizer_moments, pp_embedding_loss_slots) are ParallelLayout's too
@@ -28,8 +29,10 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                 packing: bool = True, offload_optimizer: float | bool = 0.0, offload_params: bool = False,
                 resident: list[str] | tuple[str, ...] = (),
                 pageable: list[str] | tuple[str, ...] = (), dispatcher: str = "alltoall",
-                ep_overlap: bool = False, cuda_graphs: str = "none", routing: str = "balanced",
-                capacity_factor: float = 0.0, logits: str = DEFAULT_LOGITS, grad_dtype: str = "fp32",
+                ep_overlap: bool = False, cuda_graphs: str | list[str] | tuple[str, ...] = "none",
+                routing: str = "balanced",
+                capacity_factor: float = 0.0, rank_capacity_factor: float = 0.0, logits: str = DEFAULT_LOGITS,
+                grad_dtype: str = "fp32",
                 recompute_modules: list[str] | tuple[str, ...] = (), recompute_layers: int = 0,
                 offload_activation_layers: int = 0, optimizer_moments: str = "fp32",
                 pp_embedding_loss_slots: bool = False, bins: str = "even", inline_output: bool = False) -> Graph:
@@ -43,10 +46,12 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                                           ("packing", packing), ("ep_overlap", ep_overlap),
                                           ("inline_output", inline_output))
               if not isinstance(v, bool)]
-    for name, value in (("recompute", recompute), ("dispatcher", dispatcher), ("cuda_graphs", cuda_graphs),
-                        ("routing", routing)):
+    for name, value in (("recompute", recompute), ("dispatcher", dispatcher), ("routing", routing)):
         if not isinstance(value, str):
             wrong.append(f"{name} = {value!r}")
+    if not isinstance(cuda_graphs, str) and not (isinstance(cuda_graphs, (list, tuple))
+                                                 and all(isinstance(v, str) for v in cuda_graphs)):
+        wrong.append(f"cuda_graphs = {cuda_graphs!r}")
     if not isinstance(logits, str):
         wrong.append(f"logits = {logits!r}")
     if not isinstance(bins, str):
@@ -58,8 +63,9 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
         wrong.append(f"offload_params = {offload_params!r}")
     if not isinstance(offload_optimizer, (bool, int, float)):
         wrong.append(f"offload_optimizer = {offload_optimizer!r}")
-    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)):
-        wrong.append(f"capacity_factor = {capacity_factor!r}")
+    for name, value in (("capacity_factor", capacity_factor), ("rank_capacity_factor", rank_capacity_factor)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            wrong.append(f"{name} = {value!r}")
     for name, value in (("resident", resident), ("pageable", pageable)):
         if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value):
             wrong.append(f"{name} = {value!r}")
@@ -73,6 +79,7 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                                 offload_params=offload_params, resident=tuple(resident),
                                 pageable=tuple(pageable), dispatcher=dispatcher, ep_overlap=ep_overlap,
                                 cuda_graphs=cuda_graphs, routing=routing, capacity_factor=capacity_factor,
+                                rank_capacity_factor=rank_capacity_factor,
                                 logits=logits, grad_dtype=grad_dtype, recompute_modules=tuple(recompute_modules),
                                 recompute_layers=recompute_layers, offload_activation_layers=offload_activation_layers,
                                 optimizer_moments=optimizer_moments, pp_embedding_loss_slots=pp_embedding_loss_slots,

@@ -63,6 +63,10 @@ HOST_TIME = {  # host-side time (Python, the PyTorch dispatcher, kernel launches
                          "its largest performance problem"),
 }
 KERNELS_PER_LAYER = 12  # norms, QKV, rotary, attention, output, residual, MLP in/act/out: a forward layer's kernels
+# of them, the attention half (its norm, QKV, rotary, the attention kernel, output projection and residual add):
+# what Megatron-Core's `attn` CUDA-graph scope captures (TransformerLayer._forward_attention); the rest is the MLP
+# half (`mlp` scope on a dense layer, `moe` on an MoE layer: training.layer_launches)
+ATTENTION_KERNELS_PER_LAYER = 6
 
 # ---- generation engine (vLLM-class) --------------------------------------------------------------
 DECODE_STEP_OVERHEAD_S = Factor(

@@ -34,6 +34,8 @@ MISS_LOSS = 10.0  # a row predicted not to fit (or at zero seconds): a large fin
 GRID = 9  # points per dimension of the first, coarse grid (shared by the leave-one-out searches)
 REFINE = 5  # points per dimension of each refinement
 ROUNDS = 6  # refinements, each halving the step: the last step is 1/64 of the coarse one
+MAX_PASSES = 6  # at most this many passes over the groups while a pass still moves a constant
+SETTLED = 1e-4  # a pass that moves no constant by more than this (relative) ends the passes
 STALE = 1e-3  # relative difference between a stored and a fresh in-sample prediction that marks the fit stale
 
 
@@ -251,8 +253,9 @@ def groups(declared: dict[str, Fitted]) -> dict[str, tuple[Fitted, ...]]:
 
 def fit_all(declared: dict[str, Fitted] | None = None, *, passes: int = 2,
             progress: Callable[[str], None] | None = None, only: Sequence[str] = ()) -> list[GroupFit]:
-    """Fit every group (in name order, `passes` times: groups sharing rows settle), then the
-    leave-one-out predictions of each with the others held at their final values. `only`: fit these
+    """Fit every group (in name order, `passes` times or more, up to MAX_PASSES, until a pass moves no
+    constant: groups sharing rows settle), then the leave-one-out predictions of each with the others
+    held at their final values. `only`: fit these
     groups alone, the others held at their stored values (a quick loop; a shipped file comes from all)."""
     declared = load_all() if declared is None else declared
     current = {name: (rec["value"] if (rec := fitted.fitted_file().get(name)) else c.start)
@@ -267,12 +270,17 @@ def fit_all(declared: dict[str, Fitted] | None = None, *, passes: int = 2,
     for g, cs in by_group.items():
         held = {k: v for k, v in current.items() if k not in {c.name for c in cs}}
         group_rows[g] = exercising(cs, rows_for(sorted({s for c in cs for s in c.rows})), held, declared)
-    for p in range(passes):
+    for p in range(max(passes, MAX_PASSES)):
+        before = dict(current)
         for g, cs in by_group.items():
             if progress:
                 progress(f"pass {p + 1}: fitting {g} on {len(group_rows[g])} rows")
             held = {k: v for k, v in current.items() if k not in {c.name for c in cs}}
             current.update(fit_group(cs, group_rows[g], held, loo=False).values)
+        # groups that share rows (a constant's rows priced by another group's too) settle by refitting each in
+        # turn: stop once a pass moves no constant, so the final fits below, and the rows they store, agree
+        if p + 1 >= passes and all(abs(current[k] - before[k]) <= SETTLED * abs(before[k]) for k in current):
+            break
     out = []
     for g, cs in by_group.items():
         if progress:

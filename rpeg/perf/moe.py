@@ -30,7 +30,10 @@ GEMMs and the host time of an MoE layer. Pure functions; `compute.layer_forward`
   compute, which meanwhile loses the SMs the exchange runs on (EP_OVERLAP_SM_SHARE).
 - Routing (ParallelLayout.routing): balanced (forced, as benchmarks run) or natural, where the
   busiest of the ep ranks sets the time of the expert GEMMs and of the exchange (`busiest_rank_load`);
-  with an expert capacity (ParallelLayout.capacity_factor) every expert is padded to it instead.
+  with an expert capacity (ParallelLayout.capacity_factor) every expert is padded to it instead; with a
+  per-rank capacity (ParallelLayout.rank_capacity_factor, the full-iteration-graph recipes') the expert
+  part runs over the rank's whole static buffer (`expert_buffer_load`: the `expert capacity padding` line),
+  while the exchange sends only the routed tokens.
 - Grouped GEMMs: each local expert's GEMM over the rows routed to it follows a curve over rows per
   expert (GROUPED_GEMM_ROWS_HALF, by dtype), and writes its output after its short K loop, a write
   that adds to its time (`expert_output_bytes`); in fp8 each expert input is quantized first
@@ -40,9 +43,11 @@ GEMMs and the host time of an MoE layer. Pure functions; `compute.layer_forward`
   (a device-to-host sync; DeepEP and HybridEP wait on the host for their receive counts likewise), so
   in the forward the host cannot queue the layer's kernels ahead of the GPU and each costs the host
   time of one framework op (HOST_OP_S); the backward, without a sync, costs each of its kernels
-  its launch and tail (KERNEL_LAUNCH_S; `moe_host_s`), as does a forward padded to capacity, whose
-  shapes are known without a sync. Full CUDA graphs (ParallelLayout.cuda_graphs =
-  full) remove both; partial graphs capture the attention and dense parts only (`moe_launches`).
+  its launch and tail (KERNEL_LAUNCH_S; `moe_host_s`), as does a forward padded to an expert or a
+  rank capacity, whose shapes are known without a sync. Full CUDA graphs (ParallelLayout.cuda_graphs =
+  full) remove both; partial graphs capture the attention and dense parts only; the moe_router scope
+  (with moe_preprocess) captures the router's and the dispatcher preprocessing's kernels (ROUTER_KERNELS,
+  fitted), the moe scope (drop-and-pad only) the whole MoE layer (`moe_launches`).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from rpeg.graph.layout import graph_scopes
 from rpeg.graph.model import ModelSpec
 from rpeg.hardware.topology import Cluster
 from rpeg.perf.collectives import Group, exchange_s
@@ -61,6 +67,15 @@ from rpeg.perf.fitted import declare
 # Fitted on the Megatron-Core training iterations of both files; a row run under a condition the model has no
 # mechanism for (packing) is left out (rpeg/perf/fit.py), and each group keeps only the rows it moves.
 _TRAINING_ROWS = ("megatron-bridge:training", "megatron-lm-moe-recipes:training")
+ROUTER_KERNELS = declare(
+    "moe.router_kernels", unit="kernels per MoE layer forward", bounds=(0.5, 40.0), rows=_TRAINING_ROWS,
+    group="moe-graph-scopes",
+    mechanism="the kernels of moe.layer_kernels that the moe_router and moe_preprocess CUDA-graph scopes capture "
+              "(Megatron-Core TransformerConfig.cuda_graph_modules: 'operations in TransformerLayer._forward_mlp() up "
+              "to MoELayer.router()' and 'operations in MoELayer.preprocess()': the pre-MLP norm, the router GEMM, "
+              "score and top-k, the aux loss and token counts, the dispatcher's metadata), replayed by one graph "
+              "launch; they run before the dispatcher's device-to-host sync. How many a recipe's fusions leave is "
+              "not published")
 ROUTING_LOAD_CV = declare(
     "moe.routing_load_cv", unit="coefficient of variation", bounds=(0.02, 1.0), rows=_TRAINING_ROWS,
     group="moe-routing",
@@ -170,6 +185,18 @@ def busiest_rank_load(spec: ModelSpec, ep: int, routing: str, capacity_factor: f
     return 1.0 + ROUTING_LOAD_CV.value * math.sqrt(2 * math.log(ep)) / math.sqrt(spec.experts / ep)
 
 
+def expert_buffer_load(load: float, rank_capacity_factor: float) -> float:
+    """The rows an MoE layer's expert part runs over, as a multiple of the rank's mean (token, expert) pairs:
+    the busiest rank's `load`, or with a per-rank capacity (ParallelLayout.rank_capacity_factor) the whole
+    static buffer. Megatron's HybridEP path sizes the receive buffer at tokens x top-k x
+    moe_expert_rank_capacity_factor when the factor is set (token_dispatcher.py `setup_metadata`: "Static
+    upper bound on permuted tokens ... (dropless EP rank budget)"), so that full-iteration CUDA graphs see
+    one shape; the grouped MLP then takes that buffer whole (experts.py: `max_num_tokens =
+    permuted_local_hidden_states.shape[0]`), its GEMMs, activation and quantization over the empty rows
+    as over the routed ones. The exchange sends only the routed tokens (`load`, not this)."""
+    return rank_capacity_factor if rank_capacity_factor > 0 else load
+
+
 def dispatched_tokens(tokens: float, tp: int) -> float:
     """The tokens one rank puts into the exchange when its tensor-parallel group holds `tokens`: Megatron-Core
     requires sequence parallelism for an MoE model with tp > 1 (megatron/training/arguments.py: "When using MoE
@@ -248,11 +275,17 @@ def moe_host_s(kernels: float, host: float, sync: bool = True) -> tuple[float, f
     return kernels * forward * host, 2 * kernels * KERNEL_LAUNCH_S.value * host
 
 
-def moe_launches(spec: ModelSpec, ep: int, dtype: str, cuda_graphs: str) -> float:
+def moe_launches(spec: ModelSpec, ep: int, dtype: str, cuda_graphs: str | tuple[str, ...]) -> float:
     """Kernels the host launches for one MoE layer's forward outside CUDA graphs: LAYER_KERNELS plus
-    MOE_KERNELS_PER_EXPERT per local expert; none under full-iteration graphs (partial graphs leave the
-    expert part eager: its shapes change with the routing)."""
-    if cuda_graphs == "full" or not spec.is_moe:
+    MOE_KERNELS_PER_EXPERT per local expert; none under full-iteration graphs or the `moe` scope (which
+    Megatron-Core allows with drop-and-pad only); the `moe_router` scope (with or without
+    `moe_preprocess`) captures ROUTER_KERNELS of them; `partial` and the dense scopes leave the MoE part
+    eager: its shapes change with the routing."""
+    scopes = graph_scopes(cuda_graphs)
+    if not spec.is_moe or scopes & {"full_iteration", "moe"}:
         return 0.0
     per_expert = MOE_KERNELS_PER_EXPERT["fp8" if dtype == "fp8" else "bf16"].value
-    return LAYER_KERNELS.value + per_expert * local_experts(spec, ep)
+    layer = LAYER_KERNELS.value
+    if "moe_router" in scopes:
+        layer -= min(ROUTER_KERNELS.value, layer)
+    return layer + per_expert * local_experts(spec, ep)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rpeg.graph.layout import ParallelLayout
+from rpeg.graph.layout import ParallelLayout, graph_scopes
 from rpeg.graph.model import ModelSpec
 from rpeg.hardware.device import Device
 from rpeg.hardware.topology import Cluster
@@ -31,7 +31,8 @@ from rpeg.perf import logits, memory, moe, offload, recipe_options
 from rpeg.perf.collectives import Group, all_gather_s, all_reduce_s, p2p_s, reduce_scatter_s, tensorwise_all_gather_s
 from rpeg.perf.compute import BF16, LayerTime, eager_host_s, head_forward, layer_forward
 from rpeg.perf.cost import StageCost
-from rpeg.perf.efficiency import (DP_OVERLAP, HBM, KERNEL_LAUNCH_S, KERNELS_PER_LAYER, OPTIMIZER_BYTES_PER_PARAM,
+from rpeg.perf.efficiency import (ATTENTION_KERNELS_PER_LAYER, DP_OVERLAP, HBM, KERNEL_LAUNCH_S, KERNELS_PER_LAYER,
+                                  OPTIMIZER_BYTES_PER_PARAM,
                                   host_copy_bytes_per_s, host_link_bytes_per_s, host_time)
 
 
@@ -60,6 +61,19 @@ def _layer_mix(spec: ModelSpec) -> tuple[float, float]:
     return (float(spec.layers), 0.0) if not spec.is_moe else (float(spec.dense_layers), float(spec.moe_layers))
 
 
+def layer_launches(cuda_graphs: str | tuple[str, ...], moe_layer: bool) -> float:
+    """Kernels of one layer's forward, besides an MoE layer's own (moe.moe_launches), that the host launches
+    outside CUDA graphs: KERNELS_PER_LAYER, less the attention half under the `attn` scope and the MLP half
+    under `mlp` (a dense layer) or `moe` (an MoE layer); none under full-iteration graphs, and none under
+    `partial` (the attention and dense parts of every layer)."""
+    scopes = graph_scopes(cuda_graphs)
+    if "full_iteration" in scopes:
+        return 0.0
+    attention = 0 if "attn" in scopes else ATTENTION_KERNELS_PER_LAYER
+    mlp_scopes = {"moe", "partial"} if moe_layer else {"mlp"}
+    return attention + (0 if scopes & mlp_scopes else KERNELS_PER_LAYER - ATTENTION_KERNELS_PER_LAYER)
+
+
 def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, work: PassWorkload,
               first_device: int = 0) -> StageCost:
     dp, tp, pp, cp, ep, v = layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, layout.pp_interleave
@@ -76,10 +90,16 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
               flash_attention=work.flash_attention)
     fwd = LayerTime(0, 0, 0, 0, 0)
     load = moe.busiest_rank_load(spec, ep, layout.routing, layout.capacity_factor)  # the busiest rank's share
+    buffer_load = moe.expert_buffer_load(load, layout.rank_capacity_factor)  # the rows the expert part runs over
+    pad_fwd = 0.0  # a forward's expert work on the static buffer's empty rows (rank_capacity_factor)
     if dense_l:
         fwd = fwd + layer_forward(spec, dev, moe_layer=False, **kw).scaled(dense_l * share)
     if moe_l:
-        fwd = fwd + layer_forward(spec, dev, moe_layer=True, moe_load=load, **kw).scaled(moe_l * share)
+        moe_fwd = layer_forward(spec, dev, moe_layer=True, moe_load=buffer_load, **kw).scaled(moe_l * share)
+        fwd = fwd + moe_fwd
+        if buffer_load != load:
+            pad_fwd = moe_fwd.seconds - layer_forward(spec, dev, moe_layer=True, moe_load=load,
+                                                      **kw).scaled(moe_l * share).seconds
     # the output head runs on the last pipeline stage only: the step's time is that of its slowest
     # (the last) stage, but the work summed over devices counts the head once per pipeline (1 / pp)
     head = head_forward(spec, dev, tokens=tokens, tp=tp, dtype=work.dtype, value_head=work.value_head)
@@ -97,12 +117,13 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
     # per micro-batch on the host: measured per layer (cpu-local), else kernel launches (none inside CUDA
     # graphs: partial ones capture the attention and dense parts, full ones the whole iteration); an MoE
     # layer's own kernels are launched eagerly unless the graphs are full (moe.moe_launches)
-    graphed = layout.cuda_graphs != "none"
-    launch = eager_host_s(dev, layers_per_stage) or (0.0 if graphed else KERNEL_LAUNCH_S.value * host_time(dev)
-                                                     * KERNELS_PER_LAYER * layers_per_stage)
+    launch = eager_host_s(dev, layers_per_stage) or KERNEL_LAUNCH_S.value * host_time(dev) * (
+        layer_launches(layout.cuda_graphs, moe_layer=False) * dense_l * share
+        + layer_launches(layout.cuda_graphs, moe_layer=True) * moe_l * share)
     moe_kernels = moe.moe_launches(spec, ep, work.dtype, layout.cuda_graphs) * moe_l * share \
         if dev.layer_host_s <= 0 else 0.0
-    moe_fwd_host, moe_bwd_host = moe.moe_host_s(moe_kernels, host_time(dev), sync=not layout.capacity_factor)
+    static = bool(layout.capacity_factor or layout.rank_capacity_factor)  # shapes known without a sync
+    moe_fwd_host, moe_bwd_host = moe.moe_host_s(moe_kernels, host_time(dev), sync=not static)
 
     # communication per micro-batch on one stage
     act_bytes = tokens * spec.hidden * BF16
@@ -219,7 +240,9 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
     bubble_s = bubble_mbs * bubble_mb * steps
     comm_s = (m * (comm + p2p) + dp_s) * steps
     compute_s = (m * (compute + ep_sm_s + recompute_s)) * steps
-    parts = (("compute", m * (compute - launch_s + recompute_s) * steps),
+    pad_s = passes * pad_fwd  # the padded rows' expert work, forward and backward
+    parts = (("compute", m * (compute - launch_s + recompute_s - pad_s) * steps),
+             ("expert capacity padding", m * pad_s * steps),
              ("kernel launches", m * passes * launch * steps),
              (f"log-probs over the vocabulary ({layout.logits})", m * vocab_s * steps),
              ("loss per packed sequence, host", m * loss_host * steps),

@@ -20,8 +20,8 @@ Assumptions the schema leaves open, the same for every entry:
   (`recompute_modules`, `recompute_layers`, `offload_activation_layers`, `grad_dtype`,
   `optimizer_moments`, `pp_embedding_loss_slots`: rpeg/perf/recipe_options.py); without them, none.
 - training entries' MoE run conditions (`routing`, `cuda_graphs`, `dispatcher`, `ep_overlap`,
-  `capacity_factor`) go to the layout (rpeg/perf/moe.py prices them), absent ones at MOE_OPTIONS:
-  balanced routing, no CUDA graphs, the per-(token, expert) all-to-all, not overlapped, dropless.
+  `capacity_factor`, `rank_capacity_factor`) go to the layout (rpeg/perf/moe.py prices them), absent
+  ones at MOE_OPTIONS: balanced routing, no CUDA graphs, the per-(token, expert) all-to-all, not overlapped, dropless.
   Conditions the model has no mechanism for yet (`packing`, and `etp` beyond its check) are parsed,
   checked and printed with the entry's result (its note), and change no prediction.
 - RL entries: GRPO as NeMo-RL runs it: generation, policy logprobs, reference logprobs (its GRPO
@@ -51,7 +51,7 @@ from typing import Any
 from rpeg.algorithms import Models, build_graph
 from rpeg.errors import RpegError
 from rpeg.graph import Job, Kind, LengthDistribution, ModelSpec, ParallelLayout
-from rpeg.graph.layout import RECOMPUTE_MODULES
+from rpeg.graph.layout import CUDA_GRAPH_SCOPES, RECOMPUTE_MODULES
 from rpeg.graph.bounds import MAX_SECONDS, problem, show
 from rpeg.graph.serde import from_data, read_yaml_file
 from rpeg.hardware import load_cluster
@@ -98,7 +98,7 @@ TRAIN_KEYS = {"id", "system", "model", "gpus", "tp", "pp", "dp", "cp", "ep", "gl
               "offload_optimizer",
               "dtype", "flash_attention", "routing", "cuda_graphs", "dispatcher", "ep_overlap", "packing",
               "recompute_modules", "recompute_layers", "offload_activation_layers", "grad_dtype", "optimizer_moments",
-              "pp_embedding_loss_slots", "capacity_factor"}
+              "pp_embedding_loss_slots", "capacity_factor", "rank_capacity_factor"}
 # A training entry's named options: key -> (allowed values, what it means). All but IGNORED_OPTIONS reach
 # the cost model (PassWorkload / ParallelLayout; the MoE ones rpeg/perf/moe.py, with recompute_modules,
 # recompute_layers and offload_activation_layers: _recipe_options); the ignored ones it has no mechanism
@@ -109,7 +109,8 @@ TRAIN_OPTIONS: dict[str, tuple[tuple[Any, ...], str]] = {
     "recompute": (("none", "selective", "full"), "activation recomputation"),
     "sequence_parallel": ((False, True), "Megatron sequence parallelism along tp"),
     "routing": (("balanced", "natural"), "MoE routing: forced load balance (benchmarks) or the learned router"),
-    "cuda_graphs": (("none", "partial", "full"), "CUDA graphs: off, scoped to some modules, or the whole iteration"),
+    "cuda_graphs": (("none", "partial", "full"), "CUDA graphs: off, the attention and dense parts, the whole "
+                                                 "iteration, or a list of Megatron-Core's cuda_graph_scope values"),
     "dispatcher": (("alltoall", "allgather", "deepep", "hybridep"), "MoE token dispatcher (flex backends by name)"),
     "ep_overlap": ((False, True), "expert-parallel all-to-all overlapped with another micro-batch's compute"),
     "packing": ((False, True), "several documents packed into each seq-long sample (attention per document)"),
@@ -161,6 +162,11 @@ def _option(entry: dict, key: str, where: str, default: Any) -> Any:
         return default
     allowed, meaning = TRAIN_OPTIONS[key]
     value = entry[key]
+    if key == "cuda_graphs" and isinstance(value, list):  # Megatron-Core's scope list (ParallelLayout checks it)
+        bad = [v for v in value if v not in CUDA_GRAPH_SCOPES]
+        if bad or not value:
+            raise RpegError(f"{where}.cuda_graphs: {value!r:.80} must list scopes of {', '.join(CUDA_GRAPH_SCOPES)}")
+        return tuple(value)
     if not any(value is a if isinstance(a, bool) else (not isinstance(value, bool) and value == a) for a in allowed):
         names = ", ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in allowed)
         raise RpegError(f"{where}.{key}: {value!r:.80} is not one of {names} ({meaning})")
@@ -173,7 +179,8 @@ def _conditions(entry: dict, spec: ModelSpec, tp: int, ep: int, where: str) -> t
     if etp not in (1, tp):
         raise RpegError(f"{where}.etp: {etp} must be 1 or tp = {tp} (experts split over the tensor-parallel "
                         "ranks, or not); the cost model splits experts as ep > 1 implies and reads no other etp")
-    moe_only = [k for k in ("routing", "dispatcher", "ep_overlap", "etp", "capacity_factor")
+    moe_only = [k for k in ("routing", "dispatcher", "ep_overlap", "etp", "capacity_factor",
+                                      "rank_capacity_factor")
                 if k in entry and not spec.is_moe]
     if moe_only:
         raise RpegError(f"{where}.{moe_only[0]}: {spec.name} has no experts; {moe_only[0]} applies to MoE models only")
@@ -279,6 +286,7 @@ def predict_training(entry: dict, models: dict[str, ModelSpec], where: str) -> R
         raise RpegError(f"{where}.sequence_parallel: true needs tp > 1")
     moe_options = {k: _option(entry, k, where, default) for k, default in MOE_OPTIONS.items()}
     moe_options["capacity_factor"] = _get(entry, "capacity_factor", where, 0.0, float)
+    moe_options["rank_capacity_factor"] = _get(entry, "rank_capacity_factor", where, 0.0, float)
     layout = ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, recompute=recompute, sequence_parallel=sp,
                             pp_interleave=_get(entry, "pp_interleave", where, 1), pp_uneven=bool(spec.layers % pp),
                             zero=zero, offload_optimizer=float(offload), **_recipe_options(entry, recompute, pp, where),

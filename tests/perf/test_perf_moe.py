@@ -324,3 +324,70 @@ def test_a_tensor_parallel_rank_dispatches_its_sequence_shard(qwen):
     parts = dict(pass_cost("t", qwen, lay, cluster, work).parts)
     assert parts["expert-parallel comm"] == pytest.approx(8 * 48 * 4 * moe.dispatch_s(cluster, qwen, 2048, 16,
                                                                                       "alltoall"), rel=1e-9)
+
+
+def test_a_rank_capacity_runs_the_experts_over_the_whole_buffer(qwen):
+    """moe_expert_rank_capacity_factor (the full-iteration-graph recipes'): a static receive buffer of 1.5x the
+    rank's mean (token, expert) pairs; the expert part runs over all of it, the exchange sends the routed
+    tokens only, and the fixed shapes need no device-to-host sync."""
+    from rpeg.perf.compute import layer_forward
+    assert moe.expert_buffer_load(1.0, 1.5) == 1.5 and moe.expert_buffer_load(1.3, 0.0) == 1.3
+    plain = dict(_pass(qwen, dispatcher="hybridep").parts)
+    padded = _pass(qwen, dispatcher="hybridep", rank_capacity_factor=1.5)
+    parts = dict(padded.parts)
+    assert parts["expert-parallel comm"] == pytest.approx(plain["expert-parallel comm"], rel=1e-12)
+    # EP16 on 16 H100, 8 micro-batches of 4,096 tokens, 48 MoE layers: forward + backward (3 forwards) of
+    # the expert work on the 0.5 x 4,096 x 8 empty rows a layer
+    kw = dict(tokens=4096, context=2048.5, tp=1, ep=16, sp=False, dtype="bf16", flash_attention=True)
+    dev = load_cluster("dgx-h100", 16).device
+    one = (layer_forward(qwen, dev, moe_layer=True, moe_load=1.5, **kw).seconds
+           - layer_forward(qwen, dev, moe_layer=True, moe_load=1.0, **kw).seconds)
+    assert one > 0 and parts["expert capacity padding"] == pytest.approx(8 * 48 * 3 * one, rel=1e-9)
+    assert parts["compute"] == pytest.approx(plain["compute"], rel=1e-9)  # the routed rows' work is unchanged
+    # no sync: 56 kernels a layer forward at a launch each (4 us), 112 in the backward
+    assert parts["MoE kernel launches"] == pytest.approx(8 * 48 * 3 * 56 * 4e-6)
+    assert sum(s for _, s in padded.parts) == pytest.approx(padded.seconds, rel=1e-9)
+
+
+@pytest.mark.parametrize("value", [0.5, -1, True, "1.5"])
+def test_layout_refuses_a_bad_rank_capacity(value):
+    with pytest.raises(RpegError) as info:
+        ParallelLayout(dp=16, ep=16, rank_capacity_factor=value)
+    assert f"rank_capacity_factor = {value!r}" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_cuda_graph_scopes_take_their_kernels_off_the_host(qwen):
+    """Megatron-Core's cuda_graph_scope: attn takes the attention half (6) of a layer's 12 dense kernels, mlp
+    the other half of a dense layer, moe an MoE layer's other half and its whole MoE part; moe_router (with
+    moe_preprocess) captures moe.router_kernels of the MoE layer's own kernels; partial and full as before."""
+    from rpeg.perf.training import layer_launches
+    assert layer_launches("none", moe_layer=True) == 12 and layer_launches("partial", moe_layer=True) == 0
+    assert layer_launches(("attn",), moe_layer=True) == 6 and layer_launches(("attn", "mlp"), moe_layer=False) == 0
+    assert layer_launches(("attn", "mlp"), moe_layer=True) == 6  # mlp scope is the dense layers' MLP only
+    assert layer_launches(("full_iteration",), moe_layer=False) == 0 == layer_launches("full", moe_layer=True)
+    with override({"moe.router_kernels": 10.0}):
+        # EP8: 16 local experts; 40 - 10 + 2 x 16 = 62 kernels with the router captured, 72 without
+        assert moe.moe_launches(qwen, 8, "bf16", ("attn", "moe_router", "moe_preprocess")) == 62
+        assert moe.moe_launches(qwen, 8, "bf16", ("attn",)) == 72 == moe.moe_launches(qwen, 8, "bf16", "partial")
+        assert moe.moe_launches(qwen, 8, "bf16", ("moe",)) == 0
+        # the pass: 8 micro-batches x 48 layers x (62 x 13.5 us + 2 x 62 x 4 us) on x86, and the dense
+        # launches: 3 passes x 48 layers x 6 kernels (the MLP half; attention captured) x 4 us
+        parts = dict(_pass(qwen, cuda_graphs=("attn", "moe_router", "moe_preprocess")).parts)
+        assert parts["MoE kernel launches"] == pytest.approx(8 * 48 * (56 - 10) * (13.5e-6 + 2 * 4e-6))
+        assert parts["kernel launches"] == pytest.approx(8 * 3 * 48 * 6 * 4e-6)
+
+
+@pytest.mark.parametrize("value, needle", [
+    (("attn", "router"), "cuda_graphs scope 'router' is not one of attn, mlp, moe, moe_router"),
+    (("moe_preprocess",), "moe_preprocess needs moe_router too"),
+    (("moe", "moe_router"), "has both moe and moe_router"),
+    (("moe",), "scope moe needs capacity_factor > 0"),
+    (("full_iteration", "attn"), "combines full_iteration with per-layer scopes"),
+    ((), "must be none, partial, full or a non-empty list"),
+])
+def test_layout_refuses_bad_cuda_graph_scopes(value, needle):
+    with pytest.raises(RpegError) as info:
+        ParallelLayout(dp=16, ep=16, cuda_graphs=value)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+    assert ParallelLayout(dp=16, ep=16, cuda_graphs=["moe_preprocess", "attn", "moe_router"]).cuda_graphs == (
+        "attn", "moe_router", "moe_preprocess")  # a list, in Megatron-Core's order
