@@ -131,28 +131,29 @@ def param_fetch_bytes(spec: ModelSpec, layout: ParallelLayout, *, value_head: bo
     return (p.dense / dense + p.expert / expert) * BF16
 
 
-def switched_state_parts(params: float, layout: ParallelLayout) -> dict[str, float]:
+def switched_state_parts(spec: ModelSpec, layout: ParallelLayout) -> dict[str, float]:
     """Bytes of trainer state one device moves to the host before a colocated engine generates
     (and back after), per part: the bf16 weights and the optimizer's fp32 master weights and moments,
-    as sharded as the layout keeps them, less what is already on the host (offload_optimizer,
-    offload_params) and what stays resident. Gradients are freed, not moved."""
-    weights = 0.0 if layout.offload_params or "weights" in layout.resident else \
-        params * BF16 / (layout.dp if layout.zero >= 3 else 1)
-    optimizer = 0.0 if "optimizer" in layout.resident else \
-        params * memory.ADAM_BYTES_PER_PARAM * (1.0 - layout.offload_optimizer) / (layout.dp if layout.zero >= 1 else 1)
+    as the trainer holds them on its fullest pipeline stage (memory.trainer_state_bytes: ZeRO shards
+    the dense parts over dp*cp and a mixture-of-experts model's experts over dp*cp*tp/ep, Megatron's
+    expert data-parallel group), less what is already on the host (offload_optimizer, offload_params)
+    and what stays resident. Gradients are freed, not moved."""
+    state = memory.trainer_state_bytes(spec, layout)
+    weights = 0.0 if "weights" in layout.resident else state["weights"]
+    optimizer = 0.0 if "optimizer" in layout.resident else state["optimizer"]
     return {"weights": weights, "optimizer": optimizer}
 
 
-def switched_state_bytes(params: float, layout: ParallelLayout) -> float:
+def switched_state_bytes(spec: ModelSpec, layout: ParallelLayout) -> float:
     """All of `switched_state_parts`."""
-    return sum(switched_state_parts(params, layout).values())
+    return sum(switched_state_parts(spec, layout).values())
 
 
-def switch_seconds(params: float, layout: ParallelLayout, device, direction: str) -> float:
+def switch_seconds(spec: ModelSpec, layout: ParallelLayout, device, direction: str) -> float:
     """Seconds of one move of the context switch (`direction` out: to the host before generation; in:
     back before training), each part at its copy's rate (pinned, or pageable where the layout says)."""
     by_rate: dict[float, float] = {}  # the bytes that share a rate, summed first (all pinned: bytes / rate)
-    for part, b in switched_state_parts(params, layout).items():
+    for part, b in switched_state_parts(spec, layout).items():
         rate = host_copy_bytes_per_s(device, f"{part}-{direction}", layout.pageable)
         by_rate[rate] = by_rate.get(rate, 0.0) + b
     return sum(b / rate for rate, b in by_rate.items())

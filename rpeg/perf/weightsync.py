@@ -41,7 +41,6 @@ import math
 from rpeg.graph.layout import ParallelLayout
 from rpeg.graph.model import ModelSpec
 from rpeg.hardware.topology import Cluster
-from rpeg.perf import memory
 from rpeg.perf.collectives import (Group, all_gather_s, broadcast_s, tensorwise_all_gather_s, tp_split_tensors,
                                    weight_tensors)
 from rpeg.perf.compute import BF16
@@ -318,11 +317,10 @@ def context_switch_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: 
     pageable (rpeg/perf/offload.py says which systems copy through pageable memory). The engine's
     backup is pinned (vLLM's sleep level 1, CuMemAllocator). `device`: whose host link the copies take
     (None: an x86 host's PCIe)."""
-    params = memory.params_per_device(spec, train)
-    state = switched_state_bytes(params, train)  # gradients are freed, not moved
+    state = switched_state_bytes(spec, train)  # gradients are freed, not moved
     engine = spec.params_total() * BF16 / (gen.tp * gen.pp)
     host = host_copy_bytes_per_s(device, "weights-out")
-    out, back = switch_seconds(params, train, device, "out"), switch_seconds(params, train, device, "in")
+    out, back = switch_seconds(spec, train, device, "out"), switch_seconds(spec, train, device, "in")
     parts = ((OFFLOAD_TRAINER, out), (RELOAD_TRAINER, back), (ENGINE_SLEEP, engine / host),
              (ENGINE_WAKE, engine / host))
     seconds = out + back + 2 * engine / host

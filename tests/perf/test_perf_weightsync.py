@@ -72,6 +72,29 @@ def test_context_switch_by_hand():
     assert z3.part("offload trainer state") == pytest.approx(p * (2 + 12) / 8 / host, rel=1e-12)
 
 
+def test_context_switch_moves_the_experts_optimizer_state_by_its_own_data_parallel_group():
+    """Megatron's distributed optimizer shards a MoE model's experts over dp*cp*tp/ep, not dp: Qwen3-30B-A3B
+    with tp 1, ep 8, dp 8 has an expert data-parallel group of one, so each device moves the whole Adam state
+    of its 16 experts (12 B a parameter) and 1/8 of the dense parts'; with cp 2 the dense group is dp*cp."""
+    from rpeg.perf.memory import device_params
+
+    spec = get_model("qwen3-30B-A3B")
+    host = HOST_LINK_BYTES_PER_S.value
+    layout = Layout(dp=8, ep=8, zero=1)
+    d = device_params(spec, layout)
+    assert d.expert > 2 * d.dense  # 16 of 128 experts of every layer against one dense copy and the embeddings
+    c = context_switch_cost("switch", spec, layout, Layout(dp=8))
+    assert c.part("offload trainer state") == pytest.approx((d.total * 2 + (d.dense / 8 + d.expert) * 12) / host,
+                                                            rel=1e-12)
+    # against sharding the experts over dp as well: 7/8 of their state more
+    assert c.part("offload trainer state") - (d.total * 2 + d.total * 12 / 8) / host == pytest.approx(
+        d.expert * 12 * 7 / 8 / host, rel=1e-9)
+    cp = Layout(dp=4, cp=2, ep=8, zero=1)  # dense group dp*cp = 8, expert group 4*2*1/8 = 1
+    dc = device_params(spec, cp)
+    assert context_switch_cost("switch", spec, cp, Layout(dp=8)).part("offload trainer state") == pytest.approx(
+        (dc.total * 2 + (dc.dense / 8 + dc.expert) * 12) / host, rel=1e-12)
+
+
 # ---- refit(gather="full"): every device gathers every tensor in full ------------------------------
 def test_a_full_gather_moves_the_whole_model_to_every_device_and_costs_more_than_the_shard():
     from rpeg.perf.collectives import Group, broadcast_s, tensorwise_all_gather_s, tp_split_tensors, weight_tensors
