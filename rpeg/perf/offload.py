@@ -144,16 +144,12 @@ def switched_state_parts(spec: ModelSpec, layout: ParallelLayout) -> dict[str, f
     return {"weights": weights, "optimizer": optimizer}
 
 
-def switched_state_bytes(spec: ModelSpec, layout: ParallelLayout) -> float:
-    """All of `switched_state_parts`."""
-    return sum(switched_state_parts(spec, layout).values())
-
-
-def switch_seconds(spec: ModelSpec, layout: ParallelLayout, device, direction: str) -> float:
+def switch_seconds(parts: dict[str, float], layout: ParallelLayout, device, direction: str) -> float:
     """Seconds of one move of the context switch (`direction` out: to the host before generation; in:
-    back before training), each part at its copy's rate (pinned, or pageable where the layout says)."""
+    back before training) of `parts` (`switched_state_parts`), each part at its copy's rate (pinned, or
+    pageable where the layout says)."""
     by_rate: dict[float, float] = {}  # the bytes that share a rate, summed first (all pinned: bytes / rate)
-    for part, b in switched_state_parts(spec, layout).items():
+    for part, b in parts.items():
         rate = host_copy_bytes_per_s(device, f"{part}-{direction}", layout.pageable)
         by_rate[rate] = by_rate.get(rate, 0.0) + b
     return sum(b / rate for rate, b in by_rate.items())

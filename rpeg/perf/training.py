@@ -257,7 +257,7 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
              ("optimizer", opt_s * steps)) + tuple((k, s * steps) for k, s in host_parts)
     return StageCost(stage=name, seconds=total, compute_s=compute_s, memory_s=(opt_s + host_s + m * vocab_s) * steps,
                      comm_s=comm_s, overhead_s=bubble_s + m * loss_host * steps,
-                     flops=flops_dev * devices * steps / max(1, 1),
+                     flops=flops_dev * devices * steps,
                      bytes=(fwd.bytes + head.bytes / pp) * m * devices * steps,
                      peak_memory_bytes=mem.total, capacity_bytes=dev.hbm_capacity_bytes,
                      memory_parts=mem.parts(), devices=devices, microbatches=m * steps,

@@ -47,7 +47,7 @@ from rpeg.perf.compute import BF16
 from rpeg.perf.cost import StageCost
 from rpeg.perf.efficiency import HBM, Factor, host_copy_bytes_per_s, host_time, link_efficiency
 from rpeg.perf.fitted import declare
-from rpeg.perf.offload import switch_seconds, switched_state_bytes
+from rpeg.perf.offload import switch_seconds, switched_state_parts
 
 RECEIVE_BUCKETS = Factor(2, "buckets of received weights live at once on an engine's device: the receive buffer "
                             "and the clone of each tensor taken out of it (prime-rl's NCCL receiver before PR "
@@ -317,10 +317,11 @@ def context_switch_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: 
     pageable (rpeg/perf/offload.py says which systems copy through pageable memory). The engine's
     backup is pinned (vLLM's sleep level 1, CuMemAllocator). `device`: whose host link the copies take
     (None: an x86 host's PCIe)."""
-    state = switched_state_bytes(spec, train)  # gradients are freed, not moved
+    moved = switched_state_parts(spec, train)  # gradients are freed, not moved
+    state = sum(moved.values())
     engine = spec.params_total() * BF16 / (gen.tp * gen.pp)
     host = host_copy_bytes_per_s(device, "weights-out")
-    out, back = switch_seconds(spec, train, device, "out"), switch_seconds(spec, train, device, "in")
+    out, back = switch_seconds(moved, train, device, "out"), switch_seconds(moved, train, device, "in")
     parts = ((OFFLOAD_TRAINER, out), (RELOAD_TRAINER, back), (ENGINE_SLEEP, engine / host),
              (ENGINE_WAKE, engine / host))
     seconds = out + back + 2 * engine / host
