@@ -105,6 +105,13 @@ def test_every_schema_field_and_system_is_accepted(tmp_path):
     (("seq: 2048,", "seq: long,"), "t-a100"),
     (("ffn_act: gelu}", "ffn_act: relu}"), "models.gpt-small"),
     (("async_engine: true}", "async_engine: maybe}"), "(r-h20).generation.async_engine: expected true or false"),
+    (("async_engine: true}", "async_engine: true, max_num_seqs: -4}"),
+     "(r-h20).generation.max_num_seqs: expected a whole number >= 1"),
+    (("async_bound: 1,", "async_bound: 1, in_flight_weight_updates: 2,"),
+     "(r-alps).in_flight_weight_updates: expected true or false"),
+    (("async_bound: 0, colocated: true,\n     generation: {tp: 1, pp: 1, async_engine",
+      "async_bound: 0, in_flight_weight_updates: true, colocated: true,\n     generation: {tp: 1, pp: 1, async_engine"),
+     "(r-h20).in_flight_weight_updates: true needs async_bound >= 1"),
 ])
 def test_bad_entries_name_the_entry_and_problem(tmp_path, edit, needle):
     f = tmp_path / "bad.yaml"
@@ -131,6 +138,28 @@ def test_the_engine_processes_its_outputs_in_line_unless_it_is_async():
     assert not inline(entries["r-alps"])  # async_bound 1: AsyncLLM, as every NeMo-RL async recipe sets
     assert not inline(entries["r-h20"])  # on-policy, async_engine: true
     assert inline(dict(entries["r-h20"], generation={"tp": 1, "pp": 1}))  # on-policy, the default
+
+
+def test_an_async_engine_runs_asyncllms_128_and_in_flight_updates_refill_it():
+    """AsyncLLM's max_num_seqs default (128) for an async engine, the LLM class's (0: by device) for the
+    synchronous one, a recipe's own where the entry gives it; an async entry's in-flight weight updates
+    (on by default, as every NeMo-RL async performance recipe sets them) keep its engines from draining."""
+    import yaml
+
+    from rpeg.perf.validation import rl_graph
+
+    entries = {e["id"]: e for e in yaml.safe_load(SCHEMA)["rl"]}
+
+    def plan(entry):
+        g, _ = rl_graph(entry, {}, entry["id"])
+        return g, next(s for s in g.stages if s.kind.value == "generate").layout
+
+    g, lay = plan(entries["r-alps"])
+    assert (lay.max_seqs, g.in_flight, g.refill) == (128, 1, True)
+    g, lay = plan(dict(entries["r-alps"], in_flight_weight_updates=False))
+    assert (g.in_flight, g.refill) == (1, False)
+    assert plan(dict(entries["r-h20"], generation={"tp": 1, "pp": 1}))[1].max_seqs == 0
+    assert plan(dict(entries["r-h20"], generation={"tp": 1, "pp": 1, "max_num_seqs": 32}))[1].max_seqs == 32
 
 
 def test_validate_cli_errors_are_one_line(capsys, tmp_path):

@@ -52,6 +52,7 @@ class Graph:
     refit_gather: str = "shard"  # how a colocated weight sync assembles the engine's weights (passes/refit.py)
     partial_rollout: bool = False  # generation engines never drain between steps (passes/rollout.py)
     in_flight: int = 1  # steps whose prompts generation holds at once; > 1: engines never drain (passes/asynchrony.py)
+    refill: bool = False  # the next step's prompts enter as this step's finish, through weight updates: never drains
     call_sequences: int = 0  # > 0: generation reaches each engine in calls of this many sequences, one call at a time
     reference_on_host: bool = False  # reference weights swapped in from host memory (passes/reference.py)
     fusion: tuple[tuple[str, ...], ...] = ()

@@ -159,6 +159,12 @@ class ParallelLayout:
     LLM with VLLM_ENABLE_V1_MULTIPROCESSING=0 (its engine core in the caller's process, InprocClient),
     as NeMo-RL's synchronous engine runs. False (the default): a separate engine-core process steps the
     model while the front end processes the last step's outputs (vLLM V1's default; its AsyncLLM always).
+
+    max_seqs (generation stages; rpeg/perf/generation.py `engine_max_seqs`): the engine's max_num_seqs,
+    the most sequences one decode step runs. 0 (the default): what vLLM's offline LLM class takes when
+    the caller sets none, which depends on the device (1,024 on a GPU of 70 GiB or more that is not an
+    A100, else 256). A caller that sets it (verl's rollout.max_num_seqs), or an engine built another way
+    (AsyncLLM, whose default is 128: generation.ASYNC_ENGINE_MAX_SEQS), says so here.
     """
 
     dp: int = 1
@@ -192,6 +198,7 @@ class ParallelLayout:
     rank_capacity_factor: float = 0.0
     logits: str = DEFAULT_LOGITS
     inline_output: bool = False
+    max_seqs: int = 0
 
     def __post_init__(self) -> None:
         bad = [f"{f} = {getattr(self, f)}" for f in ("dp", "tp", "pp", "cp", "ep", "pp_interleave", "micro_batch")
@@ -208,6 +215,9 @@ class ParallelLayout:
             raise RpegError(f"parallel layout: zero = {self.zero} must be 0, 1, 2 or 3")
         if not isinstance(self.inline_output, bool):
             raise RpegError(f"parallel layout: inline_output = {self.inline_output!r:.80} must be true or false")
+        if isinstance(self.max_seqs, bool) or not isinstance(self.max_seqs, int) or self.max_seqs < 0:
+            raise RpegError(f"parallel layout: max_seqs = {self.max_seqs!r:.80} must be a whole number >= 0 (the "
+                            "engine's max_num_seqs; 0: vLLM's default for the device)")
         if self.recompute not in ("none", "selective", "full"):
             raise RpegError(f"parallel layout: recompute = {self.recompute!r} must be none, selective or full")
         if self.sequence_parallel and self.tp == 1:
@@ -374,6 +384,8 @@ class ParallelLayout:
         parts += self.recipe_options()
         if self.logits != DEFAULT_LOGITS:
             parts.append(f"logits={self.logits}")
+        if self.max_seqs:
+            parts.append(f"max-seqs={self.max_seqs}")
         return " ".join(parts) or "single device"
 
     def recipe_options(self) -> list[str]:

@@ -10,8 +10,9 @@ prices them).
 logits names how a training or log-prob pass computes its log-probs (rpeg/perf/logits.py); the
 Megatron-Core recipe options (recompute_modules, recompute_layers, offload_activation_layers,
 grad_dtype, optimizer_moments, pp_embedding_loss_slots) are ParallelLayout's too
-(rpeg/perf/recipe_options.py), and inline_output says where a generation engine processes its outputs
-(ParallelLayout; rpeg/perf/generation.py), so every layout field can be passed back through this pass.
+(rpeg/perf/recipe_options.py), inline_output says where a generation engine processes its outputs and
+max_seqs how many sequences it runs at once (ParallelLayout; rpeg/perf/generation.py), so every layout
+field can be passed back through this pass.
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                 grad_dtype: str = "fp32",
                 recompute_modules: list[str] | tuple[str, ...] = (), recompute_layers: int = 0,
                 offload_activation_layers: int = 0, optimizer_moments: str = "fp32",
-                pp_embedding_loss_slots: bool = False, bins: str = "even", inline_output: bool = False) -> Graph:
+                pp_embedding_loss_slots: bool = False, bins: str = "even", inline_output: bool = False,
+                max_seqs: int = 0) -> Graph:
     call = call_text("parallelize", stage=stage, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero,
                      recompute=recompute)
     if stage not in graph.stage_names:
         raise refuse(call, f"no stage {stage!r} (stages: {', '.join(graph.stage_names)})")
-    degrees = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, pp_interleave=pp_interleave, micro_batch=micro_batch)
+    degrees = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, pp_interleave=pp_interleave, micro_batch=micro_batch,
+                   max_seqs=max_seqs)
     wrong = [f"{k} = {v!r}" for k, v in degrees.items() if isinstance(v, bool) or not isinstance(v, int)]
     wrong += [f"{k} = {v!r}" for k, v in (("sequence_parallel", sequence_parallel), ("pp_uneven", pp_uneven),
                                           ("packing", packing), ("ep_overlap", ep_overlap),

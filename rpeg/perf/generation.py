@@ -9,11 +9,13 @@ statistic of all the sequences, not of one engine's share; `critical_lengths`). 
 rollout (responses carried across steps, `rpeg.passes.partial_rollout`) the engine never drains,
 and a step costs the time one more step's sequences add to an engine that keeps running. The same
 holds when the system keeps several steps' prompts in flight (`Graph.in_flight` > 1, NeMo-RL's
-async GRPO: rpeg/passes/asynchrony.py): the engine's batch then holds up to that many steps'
-sequences, as many as MAX_NUM_SEQS and the KV cache admit, and a step costs one step's sequences
-at that steady occupancy; the long tail is paid once, not every step.
+async GRPO: rpeg/passes/asynchrony.py), or admits the next step's prompts as this step's finish,
+through weight updates (`Graph.refill`, NeMo-RL's in_flight_weight_updates): the engine's batch then
+holds up to in_flight steps' sequences, as many as max_num_seqs and the KV cache admit, and a step
+costs one step's sequences at that steady occupancy; the long tail is paid once, not every step.
 
-The engine admits sequences while fewer than MAX_NUM_SEQS run and their KV cache fits in what
+The engine admits sequences while fewer than max_num_seqs run (`engine_max_seqs`: the caller's
+setting, else vLLM's default for the engine's entry point and device) and their KV cache fits in what
 the weights leave of `gpu_memory_utilization` x HBM; when growing sequences would overflow it,
 the newest is preempted and later recomputed (vLLM's default preemption). Between two events
 (a sequence finishing or being admitted) the batch is fixed, so the decode time of the interval
@@ -53,7 +55,30 @@ from rpeg.perf.fitted import declare
 from rpeg.perf.flops import expected_generation_flops
 from rpeg.perf.moe import busiest_rank_load, dispatch_s
 
-MAX_NUM_SEQS = Factor(256, "vLLM's default cap on sequences in one batch (max_num_seqs)")
+# vLLM's max_num_seqs when the caller sets none (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults and
+# _set_default_max_num_seqs_and_batched_tokens_args, from v0.10 to v0.17 at least): the offline LLM class
+# (UsageContext.LLM_CLASS) gets 1,024 on a GPU reporting 70 GiB or more whose name does not say A100, 256 on
+# other GPUs, 256 x tp x pp on a CPU; AsyncLLM.from_engine_args passes UsageContext.ENGINE_CONTEXT, which is
+# in neither table, so it falls through to SchedulerConfig.DEFAULT_MAX_NUM_SEQS, 128.
+LLM_CLASS_MAX_SEQS_LARGE = Factor(1024, "vLLM's LLM class default max_num_seqs on a GPU of >= 70 GiB that is not "
+                                        "an A100 (EngineArgs.get_batch_defaults: 'For GPUs like H100 and MI300x, "
+                                        "use larger default values')")
+LLM_CLASS_MAX_SEQS = Factor(256, "vLLM's LLM class default max_num_seqs on other GPUs, and per tp x pp rank on "
+                                 "a CPU (EngineArgs.get_batch_defaults)")
+ASYNC_ENGINE_MAX_SEQS = Factor(128, "vLLM's AsyncLLM default max_num_seqs: its UsageContext.ENGINE_CONTEXT is in "
+                                    "neither default table, so SchedulerConfig.DEFAULT_MAX_NUM_SEQS applies")
+LARGE_GPU_BYTES = 70 * 2**30  # the 70 GiB threshold of EngineArgs.get_batch_defaults
+
+
+def engine_max_seqs(layout: ParallelLayout, device) -> int:
+    """The most sequences one decode step of an engine runs: the layout's max_seqs where the caller set
+    it, else vLLM's LLM class default for the device (see LLM_CLASS_MAX_SEQS_LARGE)."""
+    if layout.max_seqs:
+        return layout.max_seqs
+    if device.kind == "cpu":
+        return int(LLM_CLASS_MAX_SEQS.value) * layout.tp * layout.pp
+    large = device.hbm_capacity_bytes >= LARGE_GPU_BYTES and "a100" not in device.name.lower()
+    return int((LLM_CLASS_MAX_SEQS_LARGE if large else LLM_CLASS_MAX_SEQS).value)
 OUTPUT_PER_SEQ_S = declare(
     "generation.output_per_seq_s", unit="s per running sequence per decode step (x86 host)", bounds=(1e-6, 3e-4),
     rows=("nemo-rl-v0.3-stages:rl:generation",), group="generation-output",
@@ -68,7 +93,7 @@ OUTPUT_PER_SEQ_S = declare(
 TIME_PARTS = ("prefill", "decode", "tensor-parallel comm", "engine step overhead", "output processing")
 _GOLDEN = (math.sqrt(5) - 1) / 2
 # An engine's sequences are simulated one by one up to this many; a larger share runs as more of
-# the same waves of at most MAX_NUM_SEQS (256) sequences, which 4,096 (16 waves) already show in steady
+# the same waves of at most max_num_seqs (128 to 1,024) sequences, which 4,096 (4 to 32 waves) show in steady
 # state, so the simulated times are scaled by n / SIM_SEQUENCES. This keeps the cost of a stage
 # bounded whatever the batch (`rpeg plan` at 131,072 sequences on 8 GPUs took 70 s before).
 SIM_SEQUENCES = 4_096
@@ -86,6 +111,7 @@ class GenWorkload:
     dtype: str = "bf16"
     partial: bool = False  # partial rollout: the engine never drains between steps (passes/rollout.py)
     in_flight: int = 1  # steps whose sequences the engine may hold at once (Graph.in_flight); > 1: never drains
+    refill: bool = False  # the next step's prompts enter as this step's finish (Graph.refill): never drains
 
 
 def response_lengths(dist: LengthDistribution, n: int) -> list[float]:
@@ -168,8 +194,8 @@ def _prefill_s(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, tokens
 def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, *, n: int, prompt: float,
                       lengths: list[float], capacity_tokens: float, dtype: str = "bf16",
                       max_seqs: int | None = None) -> dict[str, float]:
-    """Run one engine instance over `n` sequences, at most `max_seqs` (MAX_NUM_SEQS) running at once;
-    returns seconds by part and counts."""
+    """Run one engine instance over `n` sequences, at most `max_seqs` (default: engine_max_seqs of the
+    layout and device) running at once; returns seconds by part and counts."""
     step = _StepModel(spec, layout, cluster, dtype)
     queue = list(range(n))[::-1]  # pop() takes the next sequence in order
     done_tokens = [0.0] * n  # generated so far (kept across preemption for the recompute prefill)
@@ -178,7 +204,7 @@ def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster,
     now = 0.0  # decode steps taken
     decode_s = prefill_s = comm_s = overhead_s = output_s = 0.0
     preemptions = 0
-    max_seqs = int(MAX_NUM_SEQS.value) if max_seqs is None else max(1, int(max_seqs))
+    max_seqs = engine_max_seqs(layout, cluster.device) if max_seqs is None else max(1, int(max_seqs))
     start_step: dict[int, float] = {}
     longest = max(lengths[:n], default=0.0)
     if prompt + longest > capacity_tokens:  # admission lets a lone sequence in, so check here
@@ -261,15 +287,18 @@ def steady_state(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, *, n
 
 
 def carried_recompute_s(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, work: GenWorkload,
-                        capacity: float) -> float:
+                        capacity: float, n: float) -> float:
     """Partial rollout: the responses in flight at the weight update carry into the next step with
     their KV cache recomputed (AReaL's interruptible generation; a colocated engine drops its KV cache
-    when it sleeps anyway). An engine holds as many as its batch allows, and a response caught in
-    flight is a length-biased one (the inspection paradox): its context so far averages prompt +
-    E[r^2] / (2 E[r]). Their recompute is one prefill of those tokens per step."""
+    when it sleeps anyway). An engine holds as many as its batch allows: max_num_seqs, what its KV
+    cache admits, and no more than the two steps' sequences (`n` a step) its steady state runs
+    (T(2n) - T(n)). A response caught in flight is a length-biased one (the inspection paradox): its
+    context so far averages prompt + E[r^2] / (2 E[r]). Their recompute is one prefill of those tokens
+    per step."""
     mean, mean2 = work.response.moments()
     context = work.prompt_len + (mean2 / (2 * mean) if mean > 0 else 0.0)
-    in_flight = min(MAX_NUM_SEQS.value, capacity / context if math.isfinite(capacity) else MAX_NUM_SEQS.value)
+    most = min(engine_max_seqs(layout, cluster.device), 2 * n)
+    in_flight = min(most, capacity / context if math.isfinite(capacity) else most)
     return _prefill_s(spec, layout, cluster, in_flight * context, context, work.dtype, in_flight)
 
 
@@ -300,7 +329,7 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
                          memory_parts=(("weights", weights), ("kv_cache", need - weights)), devices=layout.devices,
                          parts=(("does not fit", math.inf),))
     kw = dict(prompt=work.prompt_len, capacity_tokens=capacity, dtype=work.dtype)
-    max_seqs = int(MAX_NUM_SEQS.value)
+    max_seqs = engine_max_seqs(layout, dev)
     if work.partial:
         # Never draining: a step costs what one more step's sequences add to an engine that keeps
         # running, T(2n) - T(n), its batch kept full (responses carried across steps); the tail of
@@ -308,9 +337,10 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
         sim_n = min(n, SIM_SEQUENCES)
         sim = steady_state(spec, layout, cluster, n=sim_n, lengths=response_lengths(work.response, sim_n), ahead=1,
                            max_seqs=max_seqs, **kw)
-    elif work.in_flight > 1:
-        # Several steps' prompts in flight (rpeg/passes/asynchrony.py): the batch holds up to
-        # in_flight steps' sequences, of which the KV cache admits what it can; a step costs one
+    elif work.in_flight > 1 or work.refill:
+        # Several steps' prompts in flight, or the next step's admitted as this one's finish
+        # (rpeg/passes/asynchrony.py): the batch holds up to in_flight steps' sequences, of which
+        # max_num_seqs and the KV cache admit what they can; a step costs one
         # step's sequences at that occupancy, averaged over enough steps that STEADY_WAVES batches
         # turn over (a step's share simulated up to SIM_SEQUENCES / (s + 1), like the drained case).
         s = work.in_flight
@@ -321,11 +351,11 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
     else:
         sim_n = min(n, SIM_SEQUENCES)
         lengths = critical_lengths(work.response, sim_n, work.sequences)
-        sim = simulate_instance(spec, layout, cluster, n=sim_n, lengths=lengths, **kw)
+        sim = simulate_instance(spec, layout, cluster, n=sim_n, lengths=lengths, max_seqs=max_seqs, **kw)
     scale = n / sim_n
     sim = {k: v * scale for k, v in sim.items()}
     if work.partial:  # once per step, whatever the number of simulated waves
-        sim["recompute carried KV cache"] = carried_recompute_s(spec, layout, cluster, work, capacity)
+        sim["recompute carried KV cache"] = carried_recompute_s(spec, layout, cluster, work, capacity, n)
     keys = ("prefill", "decode", "tensor-parallel comm", "engine step overhead") + (
         ("output processing",) if layout.inline_output or sim["output processing"] > 0 else ()) + (
         ("recompute carried KV cache",) if work.partial else ())

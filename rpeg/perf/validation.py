@@ -36,7 +36,13 @@ Assumptions the schema leaves open, the same for every entry:
   per-(token, expert) all-to-all, no overlap, no CUDA graphs). vLLM's engine processes its outputs in
   its step loop (the layout's `inline_output`) unless the entry's `generation.async_engine` is true:
   NeMo-RL's vllm_cfg.async_engine, false in grpo_math_1B.yaml (v0.3-v0.6) and true in every async
-  recipe, which an entry with async_bound > 0 defaults to. Prompt length PROMPT_TOKENS; response lengths
+  recipe, which an entry with async_bound > 0 defaults to. An engine runs at most `generation.max_num_seqs`
+  sequences at once; NeMo-RL sets none, so vLLM's default applies: AsyncLLM's 128 for an async engine
+  (generation.ASYNC_ENGINE_MAX_SEQS), the LLM class's for the device otherwise. `in_flight_weight_updates`
+  (grpo.async_grpo.in_flight_weight_updates: false in grpo_math_1B.yaml, true in every async performance
+  recipe, which an entry with async_bound > 0 defaults to) keeps async_bound steps' prompts in flight and
+  the engine from draining (bound_asynchrony's in_flight and refill); without it each step drains.
+  Prompt length PROMPT_TOKENS; response lengths
   log-normal with the entry's mean, truncated at its max, shape RESPONSE_SIGMA.
 """
 
@@ -57,6 +63,7 @@ from rpeg.graph.serde import from_data, read_yaml_file
 from rpeg.hardware import load_cluster
 from rpeg.passes import bound_asynchrony, keep_reference_on_host, parallelize, place, refit
 from rpeg.perf.efficiency import Factor
+from rpeg.perf.generation import ASYNC_ENGINE_MAX_SEQS
 from rpeg.perf.step import SWITCH, predict_step
 from rpeg.perf.training import PassWorkload, pass_cost
 from rpeg.perf.validation_entry import (NEMO_RL_PAGEABLE, Result, StageResult, _check_keys, _get, _model, _need,
@@ -90,7 +97,7 @@ NEMO_RL_LOGPROB_BATCH = Factor(4, "NeMo-RL's default policy.logprob_batch_size (
 # router's natural routing (an RL run never forces the balance); vLLM's engine routes naturally too
 NEMO_RL_MOE = {"dispatcher": "alltoall", "ep_overlap": False, "cuda_graphs": "none", "routing": "natural"}
 TRAIN_LAYOUT_KEYS = {"tp", "pp", "cp", "ep", "sequence_parallel", "recompute", "micro_batch", "logprob_batch", "packing"}
-GEN_LAYOUT_KEYS = {"tp", "pp", "ep", "async_engine"}
+GEN_LAYOUT_KEYS = {"tp", "pp", "ep", "async_engine", "max_num_seqs"}
 
 TRAIN_KEYS = {"id", "system", "model", "gpus", "tp", "pp", "dp", "cp", "ep", "global_batch", "micro_batch", "seq",
               "recompute", "pp_interleave", "measured_iteration_s", "sequence_parallel", "notes", "source",
@@ -124,7 +131,7 @@ MOE_OPTIONS = {"routing": "balanced", "cuda_graphs": "none", "dispatcher": "allt
 TOKENS_CHECK = 0.05  # measured_iteration_s and measured_tokens_per_s_per_gpu, both given, agree this closely
 RL_KEYS = {"id", "system", "model", "gpus", "gpus_per_node", "gen_gpus", "prompts", "samples_per_prompt",
            "train_global_batch", "max_seq_len", "mean_seq_len", "async_bound", "colocated", "generation", "training",
-           "measured", "notes", "source", "algorithm", "prompt_len"}
+           "measured", "notes", "source", "algorithm", "prompt_len", "in_flight_weight_updates"}
 
 
 # `measured.stages_s` of an rl entry: NeMo-RL's step timers (nemo_rl/algorithms/grpo.py):
@@ -319,6 +326,7 @@ class NemoRlRun:
     job: Job
     algorithm: str
     async_bound: int  # grpo.async_grpo.max_trajectory_age_steps (0: synchronous)
+    in_flight_updates: bool  # grpo.async_grpo.in_flight_weight_updates
     colocated: bool  # policy.generation.colocated.enabled
     gen_gpus: int  # colocated.resources when not colocated (else all gpus)
     generation: dict[str, int]  # vllm_cfg: tp, pp, ep
@@ -368,6 +376,19 @@ def read_rl_entry(entry: dict, models: dict[str, ModelSpec], where: str) -> Nemo
     if not isinstance(generation["async_engine"], bool):
         raise RpegError(f"{where}.generation.async_engine: expected true or false (vllm_cfg.async_engine), got "
                         f"{generation['async_engine']!r:.80}")
+    # vllm_kwargs.max_num_seqs where a recipe sets it; else vLLM's default for the engine NeMo-RL builds
+    seqs = gen.get("max_num_seqs", int(ASYNC_ENGINE_MAX_SEQS.value) if generation["async_engine"] else 0)
+    if isinstance(seqs, bool) or not isinstance(seqs, int) or seqs < 0:
+        raise RpegError(f"{where}.generation.max_num_seqs: expected a whole number >= 1 (vllm_kwargs.max_num_seqs), "
+                        f"got {seqs!r:.80}")
+    generation["max_seqs"] = seqs
+    updates = entry.get("in_flight_weight_updates", k > 0)
+    if not isinstance(updates, bool):
+        raise RpegError(f"{where}.in_flight_weight_updates: expected true or false "
+                        f"(grpo.async_grpo.in_flight_weight_updates), got {updates!r:.80}")
+    if updates and k == 0:
+        raise RpegError(f"{where}.in_flight_weight_updates: true needs async_bound >= 1 (a synchronous step updates "
+                        "the weights between generations, never during one)")
     training = {k: _get(train, k, f"{where}.training", 1) for k in ("tp", "pp", "cp", "ep", "micro_batch")}
     training["logprob_batch"] = _get(train, "logprob_batch", f"{where}.training", int(NEMO_RL_LOGPROB_BATCH.value))
     training["sequence_parallel"] = bool(train.get("sequence_parallel", False))
@@ -378,7 +399,8 @@ def read_rl_entry(entry: dict, models: dict[str, ModelSpec], where: str) -> Nemo
                         f"got {packing!r:.80}")
     training["packing"] = packing
     return NemoRlRun(model=spec, system=_need(entry, "system", where, str), gpus=gpus, job=job,
-                     algorithm=entry.get("algorithm", "grpo"), async_bound=k, colocated=bool(colocated),
+                     algorithm=entry.get("algorithm", "grpo"), async_bound=k, in_flight_updates=updates,
+                     colocated=bool(colocated),
                      gen_gpus=gen_gpus, generation=generation, training=training)
 
 
@@ -388,8 +410,13 @@ def nemo_rl_plan(run: NemoRlRun, where: str):
     baseline's); colocated, or generation on `gen_gpus` devices."""
     spec = run.model
     g = build_graph(run.algorithm, run.job, Models(actor=spec), kl_coef=NEMO_RL_KL.value)
-    # NeMo-RL keeps num_prompts_per_step x max_trajectory_age_steps prompts in flight (rpeg/passes/asynchrony.py)
-    g = bound_asynchrony(g, run.async_bound, in_flight=max(1, run.async_bound))
+    # NeMo-RL keeps num_prompts_per_step x max_trajectory_age_steps prompts in flight and, with in-flight weight
+    # updates, admits the next weight version's as the current one's finish: the engine never drains
+    # (rpeg/passes/asynchrony.py); without them it waits for every pending generation before each refit
+    if run.in_flight_updates:
+        g = bound_asynchrony(g, run.async_bound, in_flight=max(1, run.async_bound), refill=True)
+    else:
+        g = bound_asynchrony(g, run.async_bound)
     gpus = run.gpus
     if run.colocated:
         groups, gen_gpus, train_gpus = {"all": gpus}, gpus, gpus
@@ -405,7 +432,8 @@ def nemo_rl_plan(run: NemoRlRun, where: str):
         raise RpegError(f"{where}: generation tp*pp = {gtp}*{gpp} does not divide its {gen_gpus} devices")
     moe_kw = {"routing": NEMO_RL_MOE["routing"]} if spec.is_moe else {}
     g = parallelize(g, "generate", dp=gen_gpus // (gtp * gpp), tp=gtp, pp=gpp, ep=gep,
-                    pp_uneven=bool(spec.layers % gpp), inline_output=not run.generation["async_engine"], **moe_kw)
+                    pp_uneven=bool(spec.layers % gpp), inline_output=not run.generation["async_engine"],
+                    max_seqs=run.generation["max_seqs"], **moe_kw)
     ttp, tpp, tcp, tep = (run.training[k] for k in ("tp", "pp", "cp", "ep"))
     if train_gpus % (ttp * tpp * tcp):
         raise RpegError(f"{where}: training tp*pp*cp = {ttp}*{tpp}*{tcp} does not divide its {train_gpus} devices")

@@ -15,9 +15,11 @@ SUPPORTED = ("ppo", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dr
 
 def check_plan(graph: Graph) -> None:
     """Raise RpegError with the reason if the runtime cannot run `graph` exactly as planned."""
-    if graph.in_flight > 1:
-        raise RpegError(f"the plan keeps {graph.in_flight} steps' prompts in flight (NeMo-RL's async GRPO); the "
-                        "runtime generates one step's prompts at a time: bound_asynchrony(k) with in_flight = 1")
+    if graph.in_flight > 1 or graph.refill:
+        what = (f"keeps {graph.in_flight} steps' prompts in flight" if graph.in_flight > 1
+                else "admits the next step's prompts as this step's finish (refill)")
+        raise RpegError(f"the plan {what} (NeMo-RL's async GRPO); the runtime generates one step's prompts at a "
+                        "time: bound_asynchrony(k) with in_flight = 1 and refill false")
     if graph.algorithm not in SUPPORTED:
         raise RpegError(f"the runtime trains {', '.join(SUPPORTED)}, not {graph.algorithm}")
     if not graph.groups:

@@ -327,7 +327,7 @@ class Roles:
                 critic=has_critic, shared_value=shared_value,
                 threads=rt.threads or max(1, cores // n), deterministic=rt.deterministic, seed=rt.seed,
                 engine=rt.engine, engine_memory=rt.engine_memory, engine_kv_cache_mib=rt.engine_kv_cache_mib,
-                rank=r, world=n, master=master, **dev) for r in range(n)]
+                rank=r, world=n, master=master, max_seqs=gen.layout.max_seqs, **dev) for r in range(n)]
             actor = Role(ray, cws, model_ops)
             reference = Role(ray, cws, {"logprobs": "ref_logprobs"}) if has_ref else None
             critic = None
@@ -344,7 +344,8 @@ class Roles:
             master = meet(first(names.generate) + j * gtp, 3 + j) if gtp > 1 else ""
             ranks.append([remote(W.RolloutWorker, first(names.generate) + j * gtp + r).remote(
                 model_path, threads, rt.deterministic, rt.engine, rt.seed + j, rt.engine_memory,
-                rt.engine_kv_cache_mib, rank=r, tp=gtp, master=master, **dev) for r in range(gtp)])
+                rt.engine_kv_cache_mib, rank=r, tp=gtp, master=master, max_seqs=gen.layout.max_seqs, **dev)
+                for r in range(gtp)])
         master = meet(first(names.actor_update))
         trainers = [remote(W.TrainerWorker, first(names.actor_update) + r).remote(
             model_path, cfg, optim, lm=True, value=shared_value, rank=r, world=ntrain, master=master,

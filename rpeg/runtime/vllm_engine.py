@@ -63,9 +63,11 @@ class VLLMEngine:
 
     def __init__(self, model_path: str, eos_id: int, *, max_model_len: int | None = None, seed: int = 0,
                  dtype: str = "float32", memory_fraction: float = 0.4, kv_cache_bytes: int = 0, threads: int = 0,
-                 sleep: bool = False):
+                 sleep: bool = False, max_num_seqs: int = 0):
         """`sleep`: vLLM's sleep mode (a GPU engine colocated with a trainer): `sleep()` moves its weights
-        to host memory and frees its KV cache while the trainer trains; `wake()` brings both back."""
+        to host memory and frees its KV cache while the trainer trains; `wake()` brings both back.
+        `max_num_seqs`: vLLM's cap on the sequences one step runs, as the plan's generation layout sets it
+        (ParallelLayout.max_seqs); 0 leaves vLLM's default."""
         if threads > 0:  # on CPU vLLM pins its threads from OMP_NUM_THREADS; set_num_threads is a no-op after
             os.environ["OMP_NUM_THREADS"] = str(threads)
         require()
@@ -84,7 +86,8 @@ class VLLMEngine:
         self.llm = LLM(model=model_path, distributed_executor_backend="uni", worker_extension_cls=EXTENSION,
                        dtype=dtype, max_model_len=max_model_len, enforce_eager=True, seed=seed,
                        gpu_memory_utilization=memory_fraction, logprobs_mode="processed_logprobs",
-                       **({"enable_sleep_mode": True} if sleep else {}), **memory)
+                       **({"enable_sleep_mode": True} if sleep else {}), **memory,
+                       **({"max_num_seqs": max_num_seqs} if max_num_seqs > 0 else {}))
         self.start_seconds = time.time() - t
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int):

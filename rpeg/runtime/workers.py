@@ -66,15 +66,18 @@ def _load(path: str):
 
 
 def _engine(kind: str, model, tok, model_path: str, *, seed: int, threads: int, memory: float, kv_mib: int = 0,
-            tp: bool = False, device: str | None = None, sleep: bool = False):
+            tp: bool = False, device: str | None = None, sleep: bool = False, max_seqs: int = 0):
     """The rollout engine the job asks for: `hf` samples with `model` itself; `vllm` loads its own
     copy of the weights from `model_path` and takes new ones through its `load_weights`. `tp`: `model`
-    is tensor-parallel over this process group, whose ranks all generate the same batch."""
+    is tensor-parallel over this process group, whose ranks all generate the same batch. `max_seqs`:
+    the plan's cap on the sequences a vllm engine runs at once (0: vLLM's default); the hf engine runs
+    each call's prompts as one batch, the plan's calls sized by the runtime, so it has no such cap."""
     if kind == "vllm":
         from rpeg.runtime.vllm_engine import VLLMEngine
 
         return VLLMEngine(model_path, tok.eos_token_id, seed=seed, threads=threads, memory_fraction=memory,
-                          kv_cache_bytes=kv_mib * 2**20, dtype="bfloat16" if device else "float32", sleep=sleep)
+                          kv_cache_bytes=kv_mib * 2**20, dtype="bfloat16" if device else "float32", sleep=sleep,
+                          max_num_seqs=max_seqs)
     if tp:
         import torch.distributed as dist
 
@@ -126,7 +129,7 @@ class RolloutWorker(_Where):
 
     def __init__(self, model_path: str, threads: int = 0, deterministic: bool = True, engine: str = "hf",
                  seed: int = 0, engine_memory: float = 0.4, engine_kv_cache_mib: int = 0, *, rank: int = 0,
-                 tp: int = 1, master: str = "", device: str = "cpu"):
+                 tp: int = 1, master: str = "", device: str = "cpu", max_seqs: int = 0):
         _threads(threads)
         _deterministic(deterministic)
         dev = _on(device)
@@ -141,7 +144,7 @@ class RolloutWorker(_Where):
             _join_group(rank, tp, master, dev)
             tensor_parallel(model, init_device_mesh(dev or "cpu", (tp,), mesh_dim_names=("tp",)))
         self.engine = _engine(engine, model, tok, model_path, seed=seed, threads=threads, memory=engine_memory,
-                              kv_mib=engine_kv_cache_mib, tp=tp > 1, device=dev)
+                              kv_mib=engine_kv_cache_mib, tp=tp > 1, device=dev, max_seqs=max_seqs)
         self.device = dev
         self.channel: Channel | None = None
 
@@ -287,7 +290,7 @@ class ColocatedWorker(_Where):
                  shared_value: bool, ref_optim: OptimConfig | None = None, critic_optim: OptimConfig | None = None,
                  threads: int = 0, deterministic: bool = True, seed: int = 0,
                  engine: str = "hf", engine_memory: float = 0.4, engine_kv_cache_mib: int = 0, rank: int = 0,
-                 world: int = 1, master: str = "", device: str = "cpu"):
+                 world: int = 1, master: str = "", device: str = "cpu", max_seqs: int = 0):
         _threads(threads)
         _deterministic(deterministic)
         dev = _on(device)
@@ -310,7 +313,7 @@ class ColocatedWorker(_Where):
         # and wakes before it generates: vLLM's sleep mode, as verl and NeMo-RL colocate it
         self.sleeps = engine == "vllm" and dev is not None
         self.engine = _engine(engine, own, tok, model_path, seed=seed, threads=threads, memory=engine_memory,
-                              kv_mib=engine_kv_cache_mib, device=dev, sleep=self.sleeps)
+                              kv_mib=engine_kv_cache_mib, device=dev, sleep=self.sleeps, max_seqs=max_seqs)
         self.shares_model = isinstance(self.engine, HFEngine) and not sharded
         self.ref = (Trainer(_load(model_path)[0].eval(), config, ref_optim or optim, lm=True, **on) if reference
                     else None)

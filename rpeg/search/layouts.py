@@ -61,6 +61,10 @@ class LayoutCache:
     evaluated: int = 0
 
 
+# the engine's max_num_seqs tried for a partial-rollout plan: vLLM's default, and 256 (perf/generation.py)
+GEN_MAX_SEQS = (0, 256)
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -81,8 +85,12 @@ def candidates(graph: Graph, stage: Stage, devices: int, node: int, opts: Layout
                 if spec.is_moe and opts.expert_parallel and tp > 1:
                     ep_opts.append(tp)
                 for ep in ep_opts:
-                    out.append(ParallelLayout(dp=devices // (tp * pp), tp=tp, pp=pp, ep=ep,
-                                              pp_uneven=bool(spec.layers % pp)))
+                    # with partial rollout the responses in flight at each weight update are recomputed
+                    # (perf/generation.py carried_recompute_s), as many as the engine runs at once: a
+                    # smaller max_num_seqs than vLLM's default can pay (the runtime passes it to vLLM)
+                    for seqs in GEN_MAX_SEQS if graph.partial_rollout else (0,):
+                        out.append(ParallelLayout(dp=devices // (tp * pp), tp=tp, pp=pp, ep=ep,
+                                                  pp_uneven=bool(spec.layers % pp), max_seqs=seqs))
         return out
     tps = opts.train_tp or tuple(d for d in _divisors(min(devices, node)))
     pps = opts.train_pp or tuple(d for d in _divisors(devices) if d <= min(opts.max_pp, spec.layers))
@@ -124,8 +132,12 @@ def _key(graph: Graph, stage: Stage, cluster: Cluster, opts: LayoutOptions) -> t
     grp = graph.group(stage.group)
     colocated = any(s.kind is Kind.TRAIN and s.group and graph.group(s.group).overlaps(grp) for s in graph.stages)
     engines = tuple(b for _, b in sleeping_engine_parts(graph, stage)) if stage.kind is not Kind.GENERATE else ()
+    # how the engine runs across steps changes a generation stage's cost (perf/generation.py), and one
+    # search tries structures with and without it
+    mode = ((graph.partial_rollout, graph.in_flight, graph.refill, graph.call_sequences)
+            if stage.kind is Kind.GENERATE else ())
     return (graph.job, graph.config, stage.kind, stage.greedy, stage.sequences, stage.passes, stage.microbatches,
-            graph.model(stage.model), grp.count, colocated, engines, cluster.name, cluster.gpus, opts)
+            graph.model(stage.model), grp.count, colocated, engines, cluster.name, cluster.gpus, opts, mode)
 
 
 def best_layout(graph: Graph, stage: Stage, cluster: Cluster, opts: LayoutOptions,

@@ -12,7 +12,8 @@ from rpeg.graph import LengthDistribution as Dist
 from rpeg.graph import ParallelLayout as Layout
 from rpeg.graph import get_model
 from rpeg.hardware import load_cluster
-from rpeg.perf.generation import MAX_NUM_SEQS, GenWorkload, generation_cost, response_lengths, simulate_instance
+from rpeg.perf.generation import (ASYNC_ENGINE_MAX_SEQS, GenWorkload, engine_max_seqs, generation_cost,
+                                  response_lengths, simulate_instance)
 
 SMALL = get_model("qwen3-0.6B")
 LOGNORMAL = Dist(kind="lognormal", mean=1000, max=8192, sigma=1.0, runaway=0.0)  # the body alone: its order statistics
@@ -71,9 +72,42 @@ def test_fixed_length_job_without_kv_limit_takes_length_minus_one_decode_steps(d
 
 
 def test_more_sequences_than_max_num_seqs_run_in_waves(dgx):
-    n = int(MAX_NUM_SEQS.value) + 1
+    n = engine_max_seqs(Layout(), dgx.device) + 1
     sim = simulate(dgx, [100.0] * n, 1e12, prompt=64)
-    assert sim["decode_steps"] == 198  # one sequence waits for the first 256 to finish: 2 x 99
+    assert sim["decode_steps"] == 198  # one sequence waits for the first 1,024 to finish: 2 x 99
+
+
+@pytest.mark.parametrize("system, tp, expected", [("dgx-h100", 1, 1024), ("dgx-b200", 1, 1024),
+                                                  ("gb200-nvl72", 1, 1024), ("dgx-a100-80gb", 1, 256)])
+def test_max_num_seqs_is_vllms_llm_class_default_for_the_device(system, tp, expected):
+    """vLLM's EngineArgs.get_batch_defaults for the LLM class: 1,024 on a GPU reporting 70 GiB or more
+    that is not an A100 (an 80 GB A100 reports 80 GiB and still gets 256)."""
+    assert engine_max_seqs(Layout(tp=tp), load_cluster(system, 8).device) == expected
+
+
+def test_max_num_seqs_on_a_cpu_is_256_per_rank(dgx):
+    import dataclasses
+    cpu = dataclasses.replace(dgx.device, kind="cpu", name="cpu")
+    assert [engine_max_seqs(Layout(tp=t), cpu) for t in (1, 2)] == [256, 512]
+    small = dataclasses.replace(dgx.device, hbm_capacity_bytes=48 * 2**30)  # below vLLM's 70 GiB: 256
+    assert engine_max_seqs(Layout(), small) == 256
+
+
+def test_a_max_num_seqs_the_caller_sets_wins_and_asyncllm_takes_128(dgx):
+    assert engine_max_seqs(Layout(max_seqs=32), dgx.device) == 32
+    assert ASYNC_ENGINE_MAX_SEQS.value == 128  # AsyncLLM's ENGINE_CONTEXT: SchedulerConfig.DEFAULT_MAX_NUM_SEQS
+    with pytest.raises(RpegError, match="max_seqs = -1 must be a whole number >= 0"):
+        Layout(max_seqs=-1)
+
+
+def test_an_asyncllm_engine_runs_256_sequences_in_two_waves_where_the_llm_class_runs_one(dgx):
+    """256 sequences of 100 tokens: 99 decode steps at the LLM class's 1,024, 2 x 99 at AsyncLLM's 128,
+    each wave's steps at half the batch."""
+    lengths = [100.0] * 256
+    llm = simulate(dgx, lengths, 1e12, prompt=64)
+    asyncllm = simulate(dgx, lengths, 1e12, prompt=64, layout=Layout(max_seqs=int(ASYNC_ENGINE_MAX_SEQS.value)))
+    assert (llm["decode_steps"], asyncllm["decode_steps"]) == (99, 198)
+    assert seconds(asyncllm) > seconds(llm)
 
 
 @pytest.mark.parametrize("room", [1.0, 2.5, 1e6])  # KV capacity in units of the longest sequence
@@ -210,9 +244,9 @@ def test_partial_rollout_pays_the_tail_once_not_every_step(dgx):
     """One engine, a long tail: without partial rollout each step runs until its longest response;
     with it the next step's sequences fill the slots, so a step costs less. Fixed lengths have no tail
     to save when they fit in one wave."""
-    def run(dist, partial, n=512):
-        return generation_cost("g", SMALL, Layout(), dgx, GenWorkload(sequences=n, prompt_len=256, response=dist,
-                                                                      partial=partial)).seconds
+    def run(dist, partial, n=512):  # an engine of max_num_seqs 256: n = 256 is one wave
+        return generation_cost("g", SMALL, Layout(max_seqs=256), dgx,
+                               GenWorkload(sequences=n, prompt_len=256, response=dist, partial=partial)).seconds
 
     tail = Dist(kind="lognormal", mean=1000, max=16384, sigma=1.2)
     assert run(tail, True) < 0.9 * run(tail, False)
@@ -310,3 +344,17 @@ def test_the_stage_shows_inline_output_processing_as_its_own_line(dgx):
     beside = generation_cost("g", SMALL, Layout(dp=8), dgx, work)
     assert inline.seconds - beside.seconds == pytest.approx(parts["output processing"]
                                                             - dict(beside.parts).get("output processing", 0.0))
+
+
+def test_partial_rollout_recomputes_what_the_engine_holds_not_its_max_num_seqs(dgx):
+    """An engine with 20 sequences a step holds at most the 40 of the two steps its steady state runs:
+    their carried KV is what a weight update recomputes, whatever max_num_seqs allows (1,024 on an H100);
+    with 600 a step, max_num_seqs (256 here) caps it."""
+    from rpeg.perf.generation import _prefill_s, carried_recompute_s
+    dist = Dist(kind="lognormal", mean=1000, max=8192, sigma=1.0)
+    mean, mean2 = dist.moments()
+    context = 256 + mean2 / (2 * mean)
+    work = GenWorkload(sequences=20, prompt_len=256, response=dist, partial=True)
+    for lay, n, held in ((Layout(), 20, 40), (Layout(max_seqs=256), 600, 256)):
+        expected = _prefill_s(SMALL, lay, dgx, held * context, context, "bf16", held)
+        assert carried_recompute_s(SMALL, lay, dgx, work, math.inf, n) == pytest.approx(expected, rel=1e-12)

@@ -1,6 +1,7 @@
 """Several steps' prompts in flight (Graph.in_flight, rpeg/passes/asynchrony.py): the engine never
-drains, its batch holds up to in_flight steps' sequences (capped by MAX_NUM_SEQS and the KV cache),
-and a step costs one step's sequences at that occupancy; the simulator agrees with predict_step.
+drains, its batch holds up to in_flight steps' sequences (capped by max_num_seqs and the KV cache),
+and a step costs one step's sequences at that occupancy; the simulator agrees with predict_step. With
+refill (NeMo-RL's in-flight weight updates) the same holds at one step in flight.
 
 Qwen3-0.6B on H100s with fixed response lengths, so that every wave of the batch is hand-computable:
 sequences admitted together finish together."""
@@ -14,13 +15,14 @@ from rpeg.graph import LengthDistribution as Dist
 from rpeg.graph import ParallelLayout as Layout
 from rpeg.hardware import load_cluster
 from rpeg.passes import bound_asynchrony, parallelize, place
-from rpeg.perf.generation import MAX_NUM_SEQS, GenWorkload, _prefill_s, _StepModel, generation_cost, steady_state
+from rpeg.perf.generation import GenWorkload, _prefill_s, _StepModel, generation_cost, steady_state
 from rpeg.perf.step import predict_step, scheduled_distance
 from rpeg.sim import simulate
 
 SMALL = get_model("qwen3-0.6B")
 PROMPT, LENGTH, N = 128, 300, 64  # per engine: 64 sequences a step of 300 tokens after a 128-token prompt
 TIME_PARTS = ("decode", "tensor-parallel comm", "engine step overhead")
+ENGINE = Layout(max_seqs=256)  # an engine that runs at most 256 sequences at once (vLLM's max_num_seqs)
 
 
 @pytest.fixture(scope="module")
@@ -28,28 +30,27 @@ def dgx():
     return load_cluster("dgx-h100", 8)
 
 
-def cost(cluster, in_flight, n=N, partial=False):
+def cost(cluster, in_flight, n=N, partial=False, refill=False):
     work = GenWorkload(sequences=n, prompt_len=PROMPT, response=Dist.fixed(LENGTH), in_flight=in_flight,
-                       partial=partial)
-    return generation_cost("g", SMALL, Layout(), cluster, work)
+                       partial=partial, refill=refill)
+    return generation_cost("g", SMALL, ENGINE, cluster, work)
 
 
 def wave(cluster, batch):
     """(prefill s, decode + comm + overhead s) of `batch` sequences admitted together: their prompts
     prefilled at once, then LENGTH - 1 decode steps at that batch, the KV cache growing from
     batch x PROMPT tokens to batch x (PROMPT + LENGTH - 1), priced at both ends and averaged."""
-    step = _StepModel(SMALL, Layout(), cluster, "bf16")
+    step = _StepModel(SMALL, ENGINE, cluster, "bf16")
     t0, t1 = step(batch, batch * PROMPT)[0], step(batch, batch * (PROMPT + LENGTH - 1))[0]
-    prefill = _prefill_s(SMALL, Layout(), cluster, batch * PROMPT, PROMPT, "bf16", batch)
+    prefill = _prefill_s(SMALL, ENGINE, cluster, batch * PROMPT, PROMPT, "bf16", batch)
     return prefill, (LENGTH - 1) * (t0 + t1) / 2
 
 
 @pytest.mark.parametrize("in_flight, batch", [(2, 128), (4, 256), (8, 256)])
 def test_a_step_costs_its_share_of_a_wave_of_the_in_flight_batch(dgx, in_flight, batch):
-    """64 sequences a step, s steps in flight: the engine runs waves of min(64 s, MAX_NUM_SEQS) and a
+    """64 sequences a step, s steps in flight: the engine runs waves of min(64 s, max_num_seqs) and a
     step is 64 / batch of a wave (half a wave of 128 at s = 2; a quarter of a wave of 256 beyond,
     where max_num_seqs caps the batch: s = 8 costs what s = 4 does)."""
-    assert MAX_NUM_SEQS.value == 256
     c = cost(dgx, in_flight)
     prefill, decode = wave(dgx, batch)
     assert c.part("prefill") == pytest.approx(prefill * N / batch, rel=1e-9)
@@ -72,7 +73,7 @@ def test_the_kv_cache_caps_the_in_flight_batch(dgx):
     room = 100 * (PROMPT + LENGTH)
 
     def per_step(ahead, capacity):
-        sim = steady_state(SMALL, Layout(), dgx, ahead=ahead, max_seqs=min(256, ahead * N), steps=16,
+        sim = steady_state(SMALL, ENGINE, dgx, ahead=ahead, max_seqs=min(256, ahead * N), steps=16,
                            capacity_tokens=capacity, **kw)
         return sum(sim[k] for k in ("prefill",) + TIME_PARTS)
 
@@ -86,9 +87,29 @@ def test_the_long_tail_is_paid_once_not_every_step(dgx):
     tail = Dist(kind="lognormal", mean=1000, max=16384, sigma=1.2)
 
     def run(s):
-        return generation_cost("g", SMALL, Layout(), dgx, GenWorkload(sequences=64, prompt_len=256, response=tail,
-                                                                       in_flight=s)).seconds
+        return generation_cost("g", SMALL, ENGINE, dgx, GenWorkload(sequences=64, prompt_len=256, response=tail,
+                                                                     in_flight=s)).seconds
     assert run(2) < 0.5 * run(1)
+
+
+def test_refill_pays_the_tail_once_at_one_step_in_flight(dgx):
+    """One step in flight, refilled as its sequences finish (NeMo-RL's in-flight weight updates): the
+    long tail goes as with two steps in flight, while the batch stays one step's 64."""
+    tail = Dist(kind="lognormal", mean=1000, max=16384, sigma=1.2)
+
+    def run(s, refill):
+        work = GenWorkload(sequences=64, prompt_len=256, response=tail, in_flight=s, refill=refill)
+        return generation_cost("g", SMALL, ENGINE, dgx, work).seconds
+    drained, refilled = run(1, False), run(1, True)
+    assert refilled < 0.5 * drained
+    assert run(2, False) < refilled  # two steps' sequences share each decode step's weight read
+
+
+def test_refill_at_one_step_costs_one_wave_of_its_sequences(dgx):
+    """Fixed lengths: refilled at one step in flight, a step is a wave of its own 64 sequences, as draining."""
+    c, prefill_decode = cost(dgx, 1, refill=True), wave(dgx, N)
+    assert c.part("prefill") == pytest.approx(prefill_decode[0], rel=1e-9)
+    assert sum(c.part(k) for k in TIME_PARTS) == pytest.approx(prefill_decode[1], rel=1e-9)
 
 
 def test_partial_rollout_keeps_its_full_batch_whatever_the_steps_in_flight(dgx):
@@ -112,6 +133,20 @@ def test_bound_asynchrony_sets_the_steps_in_flight_and_refuses_more_than_k():
             bound_asynchrony(grpo(), 2, in_flight=bad)
     with pytest.raises(PassRefused, match="from 1 to k = 0"):
         bound_asynchrony(grpo(), 0, in_flight=2)
+
+
+def test_refill_needs_an_async_bound_and_is_recorded():
+    g = bound_asynchrony(grpo(), 1, refill=True)
+    assert (g.async_bound, g.in_flight, g.refill) == (1, 1, True)
+    assert g.history[-1] == "bound_asynchrony(k=1, refill=True)"
+    assert not bound_asynchrony(g, 1).refill
+    with pytest.raises(PassRefused, match="refill .* needs k >= 1"):
+        bound_asynchrony(grpo(), 0, refill=True)
+    with pytest.raises(PassRefused, match="refill must be true or false"):
+        bound_asynchrony(grpo(), 1, refill="yes")
+    from rpeg.graph.verify import verify
+    with pytest.raises(RpegError, match="refill.*needs an async bound k >= 1, not 0"):
+        verify(grpo().replace(refill=True), "test")
 
 
 def test_the_verifier_refuses_more_steps_in_flight_than_the_bound():
@@ -150,7 +185,15 @@ def test_the_simulator_agrees_with_predict_step_and_records_the_staleness(dgx, k
     assert timeline.max_staleness == in_flight  # the trainer keeps up: a version per step behind the engine
 
 
-def test_the_runtime_refuses_several_steps_in_flight():
+def test_the_runtime_refuses_several_steps_in_flight_and_refill():
     from rpeg.runtime.plan_check import check_plan
     with pytest.raises(RpegError, match="2 steps' prompts in flight.*one step's prompts at a time"):
         check_plan(split(2, 2))
+    with pytest.raises(RpegError, match="admits the next step's prompts.*refill false"):
+        check_plan(split(1, 1).replace(refill=True))
+
+
+def test_serial_calls_refuse_refill():
+    from rpeg.passes.calls import serial_calls
+    with pytest.raises(PassRefused, match="refill the engine's batch stays full"):
+        serial_calls(bound_asynchrony(grpo(), 1, refill=True), 4)
