@@ -44,6 +44,7 @@ from rpeg.errors import RpegError
 from rpeg.graph.job import LengthDistribution
 from rpeg.graph.layout import ParallelLayout
 from rpeg.graph.model import ModelSpec
+from rpeg.hardware.device import Device
 from rpeg.hardware.topology import Cluster
 from rpeg.perf import memory
 from rpeg.perf.collectives import Group, all_reduce_s
@@ -70,7 +71,7 @@ ASYNC_ENGINE_MAX_SEQS = Factor(128, "vLLM's AsyncLLM default max_num_seqs: its U
 LARGE_GPU_BYTES = 70 * 2**30  # the 70 GiB threshold of EngineArgs.get_batch_defaults
 
 
-def engine_max_seqs(layout: ParallelLayout, device) -> int:
+def engine_max_seqs(layout: ParallelLayout, device: Device) -> int:
     """The most sequences one decode step of an engine runs: the layout's max_seqs where the caller set
     it, else vLLM's LLM class default for the device (see LLM_CLASS_MAX_SEQS_LARGE)."""
     if layout.max_seqs:
@@ -79,6 +80,8 @@ def engine_max_seqs(layout: ParallelLayout, device) -> int:
         return int(LLM_CLASS_MAX_SEQS.value) * layout.tp * layout.pp
     large = device.hbm_capacity_bytes >= LARGE_GPU_BYTES and "a100" not in device.name.lower()
     return int((LLM_CLASS_MAX_SEQS_LARGE if large else LLM_CLASS_MAX_SEQS).value)
+
+
 OUTPUT_PER_SEQ_S = declare(
     "generation.output_per_seq_s", unit="s per running sequence per decode step (x86 host)", bounds=(1e-6, 3e-4),
     rows=("nemo-rl-v0.3-stages:rl:generation",), group="generation-output",

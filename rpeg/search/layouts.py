@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from rpeg.graph import Graph, Kind, ParallelLayout, Stage
 from rpeg.graph.layout import DEFAULT_LOGITS
 from rpeg.graph.verify import layout_problems
+from rpeg.hardware.device import Device
 from rpeg.hardware.topology import Cluster
 from rpeg.perf.cost import StageCost
+from rpeg.perf.generation import engine_max_seqs
 from rpeg.perf.stages import sleeping_engine_parts, stage_cost
 
 
@@ -61,15 +63,16 @@ class LayoutCache:
     evaluated: int = 0
 
 
-# the engine's max_num_seqs tried for a partial-rollout plan: vLLM's default, and 256 (perf/generation.py)
-GEN_MAX_SEQS = (0, 256)
+# the engine's max_num_seqs tried for a partial-rollout plan besides vLLM's default (perf/generation.py)
+GEN_MAX_SEQS = (256,)
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidates(graph: Graph, stage: Stage, devices: int, node: int, opts: LayoutOptions) -> list[ParallelLayout]:
+def candidates(graph: Graph, stage: Stage, devices: int, node: int, opts: LayoutOptions,
+               device: Device | None = None) -> list[ParallelLayout]:
     spec = graph.model(stage.model).spec
     train = stage.kind is Kind.TRAIN
     infer = stage.kind in (Kind.INFER, Kind.REWARD)
@@ -85,12 +88,15 @@ def candidates(graph: Graph, stage: Stage, devices: int, node: int, opts: Layout
                 if spec.is_moe and opts.expert_parallel and tp > 1:
                     ep_opts.append(tp)
                 for ep in ep_opts:
+                    lay = ParallelLayout(dp=devices // (tp * pp), tp=tp, pp=pp, ep=ep, pp_uneven=bool(spec.layers % pp))
+                    out.append(lay)
                     # with partial rollout the responses in flight at each weight update are recomputed
                     # (perf/generation.py carried_recompute_s), as many as the engine runs at once: a
-                    # smaller max_num_seqs than vLLM's default can pay (the runtime passes it to vLLM)
-                    for seqs in GEN_MAX_SEQS if graph.partial_rollout else (0,):
-                        out.append(ParallelLayout(dp=devices // (tp * pp), tp=tp, pp=pp, ep=ep,
-                                                  pp_uneven=bool(spec.layers % pp), max_seqs=seqs))
+                    # smaller max_num_seqs than vLLM's default on the device can pay (the runtime passes
+                    # it to vLLM)
+                    if graph.partial_rollout:
+                        default = engine_max_seqs(lay, device) if device is not None else math.inf
+                        out += [lay.replace(max_seqs=m) for m in GEN_MAX_SEQS if m < default]
         return out
     tps = opts.train_tp or tuple(d for d in _divisors(min(devices, node)))
     pps = opts.train_pp or tuple(d for d in _divisors(devices) if d <= min(opts.max_pp, spec.layers))
@@ -157,7 +163,7 @@ def best_layout(graph: Graph, stage: Stage, cluster: Cluster, opts: LayoutOption
     # engines across nodes.
     order = {"none": 0, "selective": 1, "full": 2}
     shapes: dict[tuple, list[ParallelLayout]] = {}
-    for lay in candidates(graph, stage, devices, cluster.gpus_per_node, opts):
+    for lay in candidates(graph, stage, devices, cluster.gpus_per_node, opts, cluster.device):
         shapes.setdefault((lay.tp, lay.pp, lay.cp, lay.ep), []).append(lay)
     node = cluster.gpus_per_node
     tiers = [[k for k in shapes if k[0] * k[1] <= node], [k for k in shapes if k[0] * k[1] > node]]

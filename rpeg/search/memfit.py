@@ -62,7 +62,7 @@ def frugal_layouts(graph: Graph, stage: Stage, cluster: Cluster, opts: LayoutOpt
         return cache.frugal[key]
     devices = graph.group(stage.group).count
     fitting = []
-    for lay in candidates(graph, stage, devices, cluster.gpus_per_node, opts):
+    for lay in candidates(graph, stage, devices, cluster.gpus_per_node, opts, cluster.device):
         if lay.recompute == "selective":
             continue  # with FlashAttention it keeps all but the attention core's few bytes: never on the front
         trial = stage.replace(layout=lay)
