@@ -87,6 +87,12 @@ class Graph:
         return any(m.name == name for m in self.models)
 
     @property
+    def engines_never_drain(self) -> bool:
+        """Generation engines keep their batch full across steps: partial rollout, several steps'
+        prompts in flight, or the next step's admitted as this one's finish (refill)."""
+        return self.partial_rollout or self.in_flight > 1 or self.refill
+
+    @property
     def stage_names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.stages)
 

@@ -138,7 +138,7 @@ def _weights(g: Graph) -> list[Violation]:
     if g.partial_rollout and g.async_bound < 1:
         out.append(Violation("partial-rollout", f"partial rollout carries responses across weight updates: it "
                                                 f"needs an async bound k >= 1, not {g.async_bound}"))
-    if g.call_sequences < 0 or (g.call_sequences and (g.partial_rollout or g.in_flight > 1 or g.refill)):
+    if g.call_sequences < 0 or (g.call_sequences and g.engines_never_drain):
         out.append(Violation("call-sequences", f"generate calls of {g.call_sequences} sequences: must be >= 0, "
                                                "and 0 with partial rollout, several steps in flight or refill"))
     if g.refill and g.async_bound < 1:

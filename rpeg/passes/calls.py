@@ -24,7 +24,7 @@ def serial_calls(graph: Graph, sequences: int) -> Graph:
     call = call_text("serial_calls", sequences=sequences)
     if isinstance(sequences, bool) or not isinstance(sequences, int) or sequences < 1:
         raise refuse(call, f"sequences must be a whole number >= 1 (a generate call's micro-batch), got {sequences!r}")
-    if graph.partial_rollout or graph.in_flight > 1 or graph.refill:
+    if graph.engines_never_drain:
         raise refuse(call, "with partial rollout, several steps in flight or refill the engine's batch stays full "
                            "across steps; one call at a time cannot keep it so")
     return finish(graph, graph.replace(call_sequences=sequences), call)

@@ -378,7 +378,7 @@ def read_rl_entry(entry: dict, models: dict[str, ModelSpec], where: str) -> Nemo
                         f"{generation['async_engine']!r:.80}")
     # vllm_kwargs.max_num_seqs where a recipe sets it; else vLLM's default for the engine NeMo-RL builds
     seqs = gen.get("max_num_seqs", int(ASYNC_ENGINE_MAX_SEQS.value) if generation["async_engine"] else 0)
-    if isinstance(seqs, bool) or not isinstance(seqs, int) or seqs < 0:
+    if "max_num_seqs" in gen and (isinstance(seqs, bool) or not isinstance(seqs, int) or seqs < 1):
         raise RpegError(f"{where}.generation.max_num_seqs: expected a whole number >= 1 (vllm_kwargs.max_num_seqs), "
                         f"got {seqs!r:.80}")
     generation["max_seqs"] = seqs

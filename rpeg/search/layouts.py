@@ -72,7 +72,7 @@ def _divisors(n: int) -> list[int]:
 
 
 def candidates(graph: Graph, stage: Stage, devices: int, node: int, opts: LayoutOptions,
-               device: Device | None = None) -> list[ParallelLayout]:
+               device: Device) -> list[ParallelLayout]:
     spec = graph.model(stage.model).spec
     train = stage.kind is Kind.TRAIN
     infer = stage.kind in (Kind.INFER, Kind.REWARD)
@@ -95,8 +95,7 @@ def candidates(graph: Graph, stage: Stage, devices: int, node: int, opts: Layout
                     # smaller max_num_seqs than vLLM's default on the device can pay (the runtime passes
                     # it to vLLM)
                     if graph.partial_rollout:
-                        default = engine_max_seqs(lay, device) if device is not None else math.inf
-                        out += [lay.replace(max_seqs=m) for m in GEN_MAX_SEQS if m < default]
+                        out += [lay.replace(max_seqs=m) for m in GEN_MAX_SEQS if m < engine_max_seqs(lay, device)]
         return out
     tps = opts.train_tp or tuple(d for d in _divisors(min(devices, node)))
     pps = opts.train_pp or tuple(d for d in _divisors(devices) if d <= min(opts.max_pp, spec.layers))
