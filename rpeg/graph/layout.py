@@ -129,7 +129,10 @@ class ParallelLayout:
     MoE execution (rpeg/perf/moe.py): dispatcher: the token dispatcher of the expert-parallel
     exchange (Megatron's --moe-token-dispatcher-type alltoall / allgather, its flex dispatcher with the
     DeepEP or HybridEP backend; vLLM's all2all backend); ep_overlap: the all-to-all of one micro-batch
-    overlapped with another's compute (Megatron's --overlap-moe-expert-parallel-comm); cuda_graphs: none,
+    overlapped with another's compute (Megatron's --overlap-moe-expert-parallel-comm); permute_fusion:
+    Transformer Engine's fused token permutation (Megatron's --moe-permute-fusion, which Megatron-Bridge's
+    and Megatron-LM's MoE recipes set; false: PyTorch ops, per-chunk splits and concatenations, as
+    NeMo-RL's default megatron_cfg runs; priced by moe.unfused_permute_s); cuda_graphs: none,
     partial (the attention and dense parts captured), full (the whole iteration), or a list of
     Megatron-Core's --cuda-graph-scope values (CUDA_GRAPH_SCOPES; priced by training.layer_launches and
     moe.moe_launches); routing: balanced (forced, as benchmarks run: --moe-router-force-load-balancing) or
@@ -192,6 +195,7 @@ class ParallelLayout:
     pp_embedding_loss_slots: bool = False
     dispatcher: str = "alltoall"
     ep_overlap: bool = False
+    permute_fusion: bool = True
     cuda_graphs: str | tuple[str, ...] = "none"
     routing: str = "balanced"
     capacity_factor: float = 0.0
@@ -287,6 +291,8 @@ class ParallelLayout:
         self._check_cuda_graphs()
         if not isinstance(self.ep_overlap, bool):
             raise RpegError(f"parallel layout: ep_overlap = {self.ep_overlap!r} must be true or false")
+        if not isinstance(self.permute_fusion, bool):
+            raise RpegError(f"parallel layout: permute_fusion = {self.permute_fusion!r} must be true or false")
         if isinstance(self.capacity_factor, bool) or not isinstance(self.capacity_factor, (int, float)) or not (
                 0.0 <= self.capacity_factor <= 64.0):
             raise RpegError(f"parallel layout: capacity_factor = {self.capacity_factor!r} must be 0 (dropless) or an "
@@ -403,4 +409,6 @@ class ParallelLayout:
             parts.append(f"moments-{self.optimizer_moments}")
         if self.pp_embedding_loss_slots:
             parts.append("pp-embedding-loss-slots")
+        if not self.permute_fusion:
+            parts.append("unfused-permute")
         return parts

@@ -380,10 +380,11 @@ def _logits(c: _Config, A: str, strategy: str, entropy_coef: float) -> tuple[str
 def _rollout_layout(c: _Config, gpus: int, source: str) -> ParallelLayout:
     """Generation's layout: one engine replica is tp x dp x pp GPUs (verl/workers/rollout/replica.py),
     its data-parallel ranks attention replicas over experts sharded expert_parallel_size ways, which
-    verl requires to be tp x dp (workers/config/rollout.py); the replicas fill the rollout's GPUs."""
+    verl requires to be tp x dp (workers/config/rollout.py); the replicas fill the rollout's GPUs. Each
+    engine runs at most max_num_seqs sequences at once (verl passes it to vLLM)."""
     R = "actor_rollout_ref.rollout."
-    tp, pp, dp, ep = (c.num(R + k) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                                             "data_parallel_size", "expert_parallel_size"))
+    tp, pp, dp, ep, seqs = (c.num(R + k) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                                   "data_parallel_size", "expert_parallel_size", "max_num_seqs"))
     replica = tp * dp * pp
     if gpus % replica:
         raise RpegError(f"{source}: {R}tensor_model_parallel_size x data_parallel_size x pipeline_model_parallel_size"
@@ -391,7 +392,7 @@ def _rollout_layout(c: _Config, gpus: int, source: str) -> ParallelLayout:
     if ep > 1 and ep != tp * dp:
         raise RpegError(f"{source}: {R}expert_parallel_size = {ep}: verl requires tensor_model_parallel_size x "
                         f"data_parallel_size = {tp * dp} (workers/config/rollout.py)")
-    return ParallelLayout(dp=gpus // (tp * pp), tp=tp, pp=pp, ep=ep)
+    return ParallelLayout(dp=gpus // (tp * pp), tp=tp, pp=pp, ep=ep, max_seqs=seqs)
 
 
 def _uneven(c: _Config, prefix: str, pp: int) -> bool:

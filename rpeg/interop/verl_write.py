@@ -10,8 +10,22 @@ from typing import Any
 
 from rpeg.errors import RpegError
 from rpeg.graph import ParallelLayout, get_model
+from rpeg.hardware import load_cluster
 from rpeg.interop.common import Exported, PlanView, colocate_all, config_tuple, defaults_of, hf_name, one_pass_each
-from rpeg.interop.verl_keys import CONFIG_NAMES, ENTRIES, ESTIMATORS, ROLLOUT_IS, SUFFIX, SYSTEM, _OFFLOAD_KEYS
+from rpeg.interop.verl_keys import (CONFIG_NAMES, DEFAULTS, ENTRIES, ESTIMATORS, ROLLOUT_IS, SUFFIX, SYSTEM,
+                                     _OFFLOAD_KEYS)
+from rpeg.perf.generation import engine_max_seqs
+
+
+def _engine_seqs(v: PlanView, g: ParallelLayout) -> int:
+    """The max_num_seqs verl is to pass to vLLM (rollout.max_num_seqs): the plan's engine, or, where the plan
+    sets none, the one vLLM builds by default on the plan's devices (perf/generation.py engine_max_seqs); with
+    no devices named, verl's own default."""
+    if g.max_seqs:
+        return g.max_seqs
+    if v.cluster:
+        return engine_max_seqs(g, load_cluster(v.cluster).device)
+    return DEFAULTS["actor_rollout_ref.rollout.max_num_seqs"]
 
 
 def _offload_project(stage: str, lay: ParallelLayout, megatron: bool, lines: list[str]) -> ParallelLayout:
@@ -183,7 +197,7 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
     if g.cp > 1 or g.ep > 1 or g.zero or g.sequence_parallel or g.recompute != "none" or g.micro_batch != 1 \
             or not g.packing or g.pp_interleave > 1:
         lines.append(f"generate laid out as {g.describe()}: verl's rollout takes tensor and pipeline parallelism")
-    lay["generate"] = ParallelLayout(dp=g.dp, tp=g.tp, pp=g.pp)
+    lay["generate"] = ParallelLayout(dp=g.dp, tp=g.tp, pp=g.pp, max_seqs=_engine_seqs(v, g))
     if "generate_greedy" in lay:
         lay["generate_greedy"] = lay["generate"]
     if "reward" in lay:
@@ -347,6 +361,7 @@ def overrides(view: PlanView) -> tuple[str, list[str], str]:
         out.append(f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={lay['ref_logprobs'].micro_batch}")
     g = lay["generate"]
     out += [f"{R}name=vllm", f"{R}tensor_model_parallel_size={g.tp}", f"{R}pipeline_model_parallel_size={g.pp}"]
+    out.append(f"{R}max_num_seqs={g.max_seqs}")  # set by project (_engine_seqs)
     if "critic_update" in lay:
         cu, cv = lay["critic_update"], lay["critic_values"]
         out += ["critic.enable=True", f"critic.model.path={hf_name(v.critic or v.actor)}",

@@ -4,7 +4,7 @@ Checked in the manner of torchtitan's ParallelDims, with every factor in the mes
 product dp*tp*pp*cp equals the devices of the stage's group; tp divides the attention heads
 (and divides or is a multiple of the kv heads); pp divides the layers; ep divides the experts
 and dp*cp*tp; ZeRO, recomputation and offload (offload_optimizer, offload_params, resident, pageable:
-see ParallelLayout) apply to training only; an MoE stage's dispatcher, ep_overlap, cuda_graphs,
+see ParallelLayout) apply to training only; an MoE stage's dispatcher, ep_overlap, permute_fusion, cuda_graphs,
 routing, capacity_factor and rank_capacity_factor say how its experts run (ParallelLayout; rpeg/perf/moe.py
 prices them).
 logits names how a training or log-prob pass computes its log-probs (rpeg/perf/logits.py); the
@@ -30,7 +30,8 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                 packing: bool = True, offload_optimizer: float | bool = 0.0, offload_params: bool = False,
                 resident: list[str] | tuple[str, ...] = (),
                 pageable: list[str] | tuple[str, ...] = (), dispatcher: str = "alltoall",
-                ep_overlap: bool = False, cuda_graphs: str | list[str] | tuple[str, ...] = "none",
+                ep_overlap: bool = False, permute_fusion: bool = True,
+                cuda_graphs: str | list[str] | tuple[str, ...] = "none",
                 routing: str = "balanced",
                 capacity_factor: float = 0.0, rank_capacity_factor: float = 0.0, logits: str = DEFAULT_LOGITS,
                 grad_dtype: str = "fp32",
@@ -47,6 +48,7 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
     wrong = [f"{k} = {v!r}" for k, v in degrees.items() if isinstance(v, bool) or not isinstance(v, int)]
     wrong += [f"{k} = {v!r}" for k, v in (("sequence_parallel", sequence_parallel), ("pp_uneven", pp_uneven),
                                           ("packing", packing), ("ep_overlap", ep_overlap),
+                                          ("permute_fusion", permute_fusion),
                                           ("inline_output", inline_output))
               if not isinstance(v, bool)]
     for name, value in (("recompute", recompute), ("dispatcher", dispatcher), ("routing", routing)):
@@ -81,6 +83,7 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                                 pp_uneven=pp_uneven, packing=packing, offload_optimizer=offload_optimizer,
                                 offload_params=offload_params, resident=tuple(resident),
                                 pageable=tuple(pageable), dispatcher=dispatcher, ep_overlap=ep_overlap,
+                                permute_fusion=permute_fusion,
                                 cuda_graphs=cuda_graphs, routing=routing, capacity_factor=capacity_factor,
                                 rank_capacity_factor=rank_capacity_factor,
                                 logits=logits, grad_dtype=grad_dtype, recompute_modules=tuple(recompute_modules),

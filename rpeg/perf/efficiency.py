@@ -113,6 +113,22 @@ MOE_KERNELS_PER_EXPERT = {  # per local expert, per MoE layer forward
                         "general_grouped_gemm over streams), so the host launches two GEMMs per expert"),
     "fp8": Factor(4.0, "... and in fp8 each expert's input is quantized by a kernel of its own before each GEMM"),
 }
+# Megatron-Core's token permutation without --moe-permute-fusion (ParallelLayout.permute_fusion false, NeMo-RL's
+# default megatron_cfg): megatron/core/transformer/moe/moe_utils.py's PyTorch branches of permute, unpermute and
+# sort_chunks_by_idxs, each in place of one Transformer Engine kernel.
+UNFUSED_PERMUTE_KERNELS = Factor(
+    8.0, "kernels an MoE layer's forward launches beyond the fused path's (Megatron-Core moe_utils.py, dropless "
+         "all-to-all with probs): permute transposes the routing map into a contiguous copy, argsorts it, takes the "
+         "token index modulo the token count, copies the transposed probs and gathers them, and index_selects the "
+         "tokens (6 for TE's one); sort_chunks_by_idxs concatenates the tokens and, separately, the probs (2 for 1); "
+         "unpermute allocates zeros, scatter-adds and casts back (3 for 1)")
+UNFUSED_CHUNK_S = Factor(
+    0.55e-6, "host time per chunk of sort_chunks_by_idxs's PyTorch path, forward (torch.split into one view per "
+             "(rank, local expert) chunk, torch.cat of them in a new order): 0.52-0.58 us on an x86 Xeon, "
+             "scripts/measure_permute_host.py (slope over 8 to 512 chunks, two runs)")
+UNFUSED_CHUNK_BWD_S = Factor(
+    1.0e-6, "the same per chunk in the backward (autograd's CatBackward narrows each chunk out of the gradient, "
+            "SplitWithSizesBackward concatenates them): 0.92-1.05 us, scripts/measure_permute_host.py")
 EP_OVERLAP_SM_SHARE = Factor(
     0.18, "an all-to-all overlapped with compute runs its kernels on SMs the compute loses meanwhile: DeepEP's "
           "normal kernels take 24 of an H100's 132 SMs (its README's tests; vLLM's default is 20)")

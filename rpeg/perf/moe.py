@@ -60,7 +60,8 @@ from rpeg.graph.model import ModelSpec
 from rpeg.hardware.topology import Cluster
 from rpeg.perf.collectives import Group, exchange_s
 from rpeg.perf.efficiency import (EP_OVERLAP_SM_SHARE, GEMM_ROWS_HALF, GROUPED_GEMM_ROWS_HALF, KERNEL_LAUNCH_S,
-                                  MOE_KERNELS_PER_EXPERT)
+                                  MOE_KERNELS_PER_EXPERT, UNFUSED_CHUNK_BWD_S, UNFUSED_CHUNK_S,
+                                  UNFUSED_PERMUTE_KERNELS)
 from rpeg.perf.fitted import declare
 
 # ---- fitted constants (rpeg/perf/fitted.py; values in rpeg/data/fitted.yaml, `python scripts/fit_factors.py`) ----
@@ -273,6 +274,19 @@ def moe_host_s(kernels: float, host: float, sync: bool = True) -> tuple[float, f
     have no sync: the host runs ahead, and each kernel costs its launch and tail (KERNEL_LAUNCH_S)."""
     forward = HOST_OP_S.value if sync else KERNEL_LAUNCH_S.value
     return kernels * forward * host, 2 * kernels * KERNEL_LAUNCH_S.value * host
+
+
+def unfused_permute(spec: ModelSpec, ep: int, tp: int, dispatcher: str) -> tuple[float, float, float]:
+    """(kernels, forward host s, backward host s) that one MoE layer adds without permute fusion, on the
+    x86 reference host: UNFUSED_PERMUTE_KERNELS (priced as the layer's others: moe_host_s), and, with
+    the all-to-all dispatcher and more than one local expert, sort_chunks_by_idxs over num_experts x tp
+    chunks three times a forward (tokens and probs after the dispatch, tokens before the combine; the
+    dispatcher's tp is the expert tensor parallelism, tp here: no etp apart) and as often in the
+    backward (UNFUSED_CHUNK_S, UNFUSED_CHUNK_BWD_S)."""
+    if not spec.is_moe:
+        return 0.0, 0.0, 0.0
+    chunks = 3 * spec.experts * tp if dispatcher == "alltoall" and local_experts(spec, ep) > 1 else 0
+    return UNFUSED_PERMUTE_KERNELS.value, chunks * UNFUSED_CHUNK_S.value, chunks * UNFUSED_CHUNK_BWD_S.value
 
 
 def moe_launches(spec: ModelSpec, ep: int, dtype: str, cuda_graphs: str | tuple[str, ...]) -> float:

@@ -122,8 +122,17 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
         + layer_launches(layout.cuda_graphs, moe_layer=True) * moe_l * share)
     moe_kernels = moe.moe_launches(spec, ep, work.dtype, layout.cuda_graphs) * moe_l * share \
         if dev.layer_host_s <= 0 else 0.0
+    # without permute fusion: PyTorch's permutation kernels, and the host's split and concatenation per
+    # (rank, local expert) chunk (moe.unfused_permute), eager even under CUDA graphs (their shapes change)
+    permute_kernels = permute_fwd = permute_bwd = 0.0
+    if moe_l and not layout.permute_fusion and dev.layer_host_s <= 0:
+        permute_kernels, permute_fwd, permute_bwd = (v * moe_l * share for v in moe.unfused_permute(
+            spec, ep, tp, layout.dispatcher))
+        permute_fwd, permute_bwd = permute_fwd * host_time(dev), permute_bwd * host_time(dev)
     static = bool(layout.capacity_factor or layout.rank_capacity_factor)  # shapes known without a sync
     moe_fwd_host, moe_bwd_host = moe.moe_host_s(moe_kernels, host_time(dev), sync=not static)
+    perm_fwd_host, perm_bwd_host = moe.moe_host_s(permute_kernels, host_time(dev), sync=not static)
+    perm_fwd_host, perm_bwd_host = perm_fwd_host + permute_fwd, perm_bwd_host + permute_bwd
 
     # communication per micro-batch on one stage
     act_bytes = tokens * spec.hidden * BF16
@@ -144,7 +153,8 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
     # a full recompute runs the recomputed layers' forward again (recipe_options.recomputed_fraction)
     refwd = recipe_options.recomputed_fraction(layout, round(layers_per_stage)) if layout.recompute == "full" else 0.0
     moe_launch = moe_fwd_host + (0.0 if work.forward_only else moe_bwd_host + refwd * moe_fwd_host)
-    launch_s = passes * launch + moe_launch
+    permute_s = perm_fwd_host + (0.0 if work.forward_only else perm_bwd_host + refwd * perm_fwd_host)
+    launch_s = passes * launch + moe_launch + permute_s
     if work.forward_only:
         compute = fwd.seconds + head.seconds + launch_s
         ep_mb, cp_tp_mb = ep_fwd, tp_fwd + cp_fwd
@@ -247,6 +257,7 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
              (f"log-probs over the vocabulary ({layout.logits})", m * vocab_s * steps),
              ("loss per packed sequence, host", m * loss_host * steps),
              ("MoE kernel launches", m * moe_launch * steps),
+             ("MoE permutation, unfused (host)", m * permute_s * steps),
              ("tensor-parallel comm", m * tp_fwd * (1 if work.forward_only else 2) * steps),
              ("context-parallel comm", m * cp_fwd * (1 if work.forward_only else 2) * steps),
              ("expert-parallel comm", m * ep_exposed * steps),

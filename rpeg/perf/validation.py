@@ -33,7 +33,9 @@ Assumptions the schema leaves open, the same for every entry:
   swapped in from the host (`reference_on_host`); sequence packing with micro-batches of
   `training.micro_batch` (1) and `training.logprob_batch` (NEMO_RL_LOGPROB_BATCH) maximum-length
   sequences unless the entry says `packing: false`; an MoE model as NEMO_RL_MOE (natural routing, the
-  per-(token, expert) all-to-all, no overlap, no CUDA graphs). vLLM's engine processes its outputs in
+  per-(token, expert) all-to-all, no overlap, no CUDA graphs), its token permutation unfused unless the
+  entry's `training.permute_fusion` is true (megatron_cfg.moe_permute_fusion: false in grpo_math_1B.yaml
+  from v0.4, set true by the DeepSeek-V3 and Qwen3-235B performance recipes). vLLM's engine processes its outputs in
   its step loop (the layout's `inline_output`) unless the entry's `generation.async_engine` is true:
   NeMo-RL's vllm_cfg.async_engine, false in grpo_math_1B.yaml (v0.3-v0.6) and true in every async
   recipe, which an entry with async_bound > 0 defaults to. An engine runs at most `generation.max_num_seqs`
@@ -96,7 +98,9 @@ NEMO_RL_LOGPROB_BATCH = Factor(4, "NeMo-RL's default policy.logprob_batch_size (
 # moe_enable_deepep false, moe_shared_expert_overlap false, no CUDA graphs in training) on the learned
 # router's natural routing (an RL run never forces the balance); vLLM's engine routes naturally too
 NEMO_RL_MOE = {"dispatcher": "alltoall", "ep_overlap": False, "cuda_graphs": "none", "routing": "natural"}
-TRAIN_LAYOUT_KEYS = {"tp", "pp", "cp", "ep", "sequence_parallel", "recompute", "micro_batch", "logprob_batch", "packing"}
+TRAIN_LAYOUT_KEYS = {"tp", "pp", "cp", "ep", "sequence_parallel", "recompute", "micro_batch", "logprob_batch", "packing",
+                     "permute_fusion"}
+NEMO_RL_PERMUTE_FUSION = False  # megatron_cfg.moe_permute_fusion in grpo_math_1B.yaml, v0.4-v0.6
 GEN_LAYOUT_KEYS = {"tp", "pp", "ep", "async_engine", "max_num_seqs"}
 
 TRAIN_KEYS = {"id", "system", "model", "gpus", "tp", "pp", "dp", "cp", "ep", "global_batch", "micro_batch", "seq",
@@ -398,6 +402,13 @@ def read_rl_entry(entry: dict, models: dict[str, ModelSpec], where: str) -> Nemo
         raise RpegError(f"{where}.training.packing: expected true or false (policy.sequence_packing.enabled), "
                         f"got {packing!r:.80}")
     training["packing"] = packing
+    # megatron_cfg.moe_permute_fusion: false in grpo_math_1B.yaml (v0.4-v0.6); the DeepSeek-V3 and Qwen3-235B
+    # performance recipes set it true
+    fusion = train.get("permute_fusion", NEMO_RL_PERMUTE_FUSION)
+    if not isinstance(fusion, bool):
+        raise RpegError(f"{where}.training.permute_fusion: expected true or false (megatron_cfg.moe_permute_fusion), "
+                        f"got {fusion!r:.80}")
+    training["permute_fusion"] = fusion
     return NemoRlRun(model=spec, system=_need(entry, "system", where, str), gpus=gpus, job=job,
                      algorithm=entry.get("algorithm", "grpo"), async_bound=k, in_flight_updates=updates,
                      colocated=bool(colocated),
@@ -447,8 +458,9 @@ def nemo_rl_plan(run: NemoRlRun, where: str):
                      "grad_dtype": "bf16" if NEMO_RL_GRAD_BYTES.value == 2 else "fp32",
                      "pageable": NEMO_RL_PAGEABLE} if train else {}
             mb = run.training["micro_batch" if train else "logprob_batch"]
+            experts = dict(NEMO_RL_MOE, permute_fusion=run.training["permute_fusion"]) if spec.is_moe else {}
             g = parallelize(g, s.name, **lay, **extra, micro_batch=mb, packing=run.training["packing"],
-                            bins="ffd", **(NEMO_RL_MOE if spec.is_moe else {}), logits=NEMO_RL_LOGITS)
+                            bins="ffd", **experts, logits=NEMO_RL_LOGITS)
     g = refit(g, "full")  # NeMo-RL's refit gathers every tensor in full (refit_utils.gather_params)
     g = keep_reference_on_host(g)  # the reference's weights wait on the host (use_reference_model)
     return g, load_cluster(run.system, gpus)

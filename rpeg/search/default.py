@@ -17,7 +17,7 @@ from rpeg.graph.layout import ParallelLayout
 from rpeg.hardware.topology import Cluster
 from rpeg.passes import colocate, parallelize
 from rpeg.perf import memory
-from rpeg.search.layouts import LayoutCache, LayoutOptions
+from rpeg.search.layouts import RPEG_OPTIONS, LayoutCache
 from rpeg.search.memfit import fit_together
 
 
@@ -62,7 +62,7 @@ def default_plan(graph: Graph, cluster: Cluster, gpus: int) -> Graph:
         g = parallelize(g, s.name, dp=chosen.dp, tp=chosen.tp, pp=chosen.pp, zero=chosen.zero,
                         recompute=chosen.recompute, sequence_parallel=chosen.sequence_parallel)
     sized = cluster.with_gpus(gpus) if not cluster.gpus or cluster.gpus < gpus else cluster
-    fitted = fit_together(g, sized, LayoutOptions(offload=True), LayoutCache())
+    fitted = fit_together(g, sized, RPEG_OPTIONS, LayoutCache())
     for s in fitted.stages if fitted is not None else ():  # None: nothing fits together; predict says why
         if s.layout != g.stage(s.name).layout:
             g = parallelize(g, s.name, **{f.name: getattr(s.layout, f.name) for f in dataclasses.fields(s.layout)})

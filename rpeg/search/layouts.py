@@ -50,6 +50,14 @@ class LayoutOptions:
     logits: str = DEFAULT_LOGITS
     # how a packed pass's bins reach the data-parallel ranks (ParallelLayout.bins, rpeg/perf/packing.py)
     bins: str = "even"
+    # the max_num_seqs a system passes to its vLLM engines (ParallelLayout.max_seqs: verl's
+    # rollout.max_num_seqs); 0: it passes none, and vLLM's default for the engine and device applies
+    # (rpeg/perf/generation.py engine_max_seqs)
+    gen_max_seqs: int = 0
+    # smaller values tried besides it in a partial-rollout plan, whose engines recompute the responses in
+    # flight at each weight update, as many as they run at once (perf/generation.py carried_recompute_s):
+    # RPEG's own search (RPEG_OPTIONS), whose runtime passes the chosen value to vLLM
+    partial_max_seqs: tuple[int, ...] = ()
 
 
 @dataclass
@@ -63,8 +71,12 @@ class LayoutCache:
     evaluated: int = 0
 
 
-# the engine's max_num_seqs tried for a partial-rollout plan besides vLLM's default (perf/generation.py)
+# the engine's max_num_seqs RPEG's search tries for a partial-rollout plan besides vLLM's default
+# (perf/generation.py); the peers' baselines keep their systems' engines (LayoutOptions.gen_max_seqs)
 GEN_MAX_SEQS = (256,)
+# what RPEG's own search may choose: everything the model covers, host offload where nothing else fits, and
+# the smaller engines above for partial rollout
+RPEG_OPTIONS = LayoutOptions(offload=True, partial_max_seqs=GEN_MAX_SEQS)
 
 
 def _divisors(n: int) -> list[int]:
@@ -88,14 +100,15 @@ def candidates(graph: Graph, stage: Stage, devices: int, node: int, opts: Layout
                 if spec.is_moe and opts.expert_parallel and tp > 1:
                     ep_opts.append(tp)
                 for ep in ep_opts:
-                    lay = ParallelLayout(dp=devices // (tp * pp), tp=tp, pp=pp, ep=ep, pp_uneven=bool(spec.layers % pp))
+                    lay = ParallelLayout(dp=devices // (tp * pp), tp=tp, pp=pp, ep=ep, pp_uneven=bool(spec.layers % pp),
+                                         max_seqs=opts.gen_max_seqs)
                     out.append(lay)
                     # with partial rollout the responses in flight at each weight update are recomputed
                     # (perf/generation.py carried_recompute_s), as many as the engine runs at once: a
-                    # smaller max_num_seqs than vLLM's default on the device can pay (the runtime passes
-                    # it to vLLM)
+                    # smaller max_num_seqs than the engine's can pay, where the system can set it
                     if graph.partial_rollout:
-                        out += [lay.replace(max_seqs=m) for m in GEN_MAX_SEQS if m < engine_max_seqs(lay, device)]
+                        out += [lay.replace(max_seqs=m) for m in opts.partial_max_seqs
+                                if m < engine_max_seqs(lay, device)]
         return out
     tps = opts.train_tp or tuple(d for d in _divisors(min(devices, node)))
     pps = opts.train_pp or tuple(d for d in _divisors(devices) if d <= min(opts.max_pp, spec.layers))
@@ -159,11 +172,12 @@ def best_layout(graph: Graph, stage: Stage, cluster: Cluster, opts: LayoutOption
     # then the parameters too) - and the first that fits is kept: a costlier option that also fits is
     # never faster. Offload is so chosen only in a shape where nothing else fits, and wins over
     # the other shapes only where it is faster. Generation tries engines inside a node before
-    # engines across nodes.
+    # engines across nodes, and each engine size (max_num_seqs) it may choose.
     order = {"none": 0, "selective": 1, "full": 2}
     shapes: dict[tuple, list[ParallelLayout]] = {}
     for lay in candidates(graph, stage, devices, cluster.gpus_per_node, opts, cluster.device):
-        shapes.setdefault((lay.tp, lay.pp, lay.cp, lay.ep), []).append(lay)
+        # an engine's max_num_seqs is a shape of its own: neither size is cheaper than the other
+        shapes.setdefault((lay.tp, lay.pp, lay.cp, lay.ep, lay.max_seqs), []).append(lay)
     node = cluster.gpus_per_node
     tiers = [[k for k in shapes if k[0] * k[1] <= node], [k for k in shapes if k[0] * k[1] > node]]
     for tier in tiers:

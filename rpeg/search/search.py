@@ -23,7 +23,7 @@ from rpeg.perf.efficiency import gemm_efficiency
 from rpeg.perf.flops import expected_forward_flops, expected_generation_flops, expected_train_flops
 from rpeg.perf.stages import stage_cost
 from rpeg.perf.step import StepPrediction, _context_switch, predict_step
-from rpeg.search.layouts import LayoutCache, LayoutOptions, alternatives, apply_layouts
+from rpeg.search.layouts import RPEG_OPTIONS, LayoutCache, LayoutOptions, alternatives, apply_layouts
 from rpeg.search.memfit import fit_together, reference_to_host
 from rpeg.search.space import (Placement, SpaceOptions, Structure, apply_execution, apply_structure, placements,
                                structures)
@@ -155,7 +155,7 @@ def _finish(graph: Graph) -> Graph:
 
 
 def search(graph: Graph, cluster: Cluster, gpus: int, *, objective: str = "time", max_staleness: int = 1,
-           options: LayoutOptions = LayoutOptions(offload=True), budget: int = 20000, keep: int = 5,
+           options: LayoutOptions = RPEG_OPTIONS, budget: int = 20000, keep: int = 5,
            cache: LayoutCache | None = None, space: SpaceOptions = SpaceOptions()) -> SearchResult:
     """`graph`: the algorithm's graph before execution passes. `budget`: candidates to evaluate at most."""
     if objective not in OBJECTIVES:
@@ -237,7 +237,7 @@ class NoFeasiblePlan(DoesNotFit):
 
 
 def nearest_feasible(graph: Graph, cluster: Cluster, gpus: int,
-                     options: LayoutOptions = LayoutOptions(offload=True),
+                     options: LayoutOptions = RPEG_OPTIONS,
                      max_staleness: int = 1, space: SpaceOptions = SpaceOptions()) -> tuple[str, SearchResult] | None:
     """The first of: more GPUs (2x, 4x, 8x), a smaller batch (half, quarter of the prompts)."""
     node = cluster.gpus_per_node

@@ -49,6 +49,7 @@ def test_grpo_fsdp_script():
     assert v.groups == (("all", 0, 8),) and {g for _, g in v.assign} == {"all"}
     lay = dict(v.layouts)
     assert (lay["generate"].tp, lay["generate"].dp) == (2, 4)
+    assert lay["generate"].max_seqs == 256  # rollout.max_num_seqs unset: verl 0.9's rollout.yaml passes 256 to vLLM
     assert (lay["actor_update"].zero, lay["actor_update"].recompute, lay["actor_update"].micro_batch) == (3, "full", 16)
     assert lay["ref_logprobs"].micro_batch == 16 and v.reference_on_host  # ref.fsdp_config.param_offload=True
     assert v.refit_gather == "full"
@@ -185,6 +186,10 @@ def test_what_verl_cannot_express_is_named():
      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 trainer.n_gpus_per_node=6 "
      "actor_rollout_ref.rollout.tensor_model_parallel_size=4\n", "does not divide the rollout's 6 GPUs"),
     ("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo notanoverride\n", "is not a Hydra override"),
+    ("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo actor_rollout_ref.model.path=Qwen/Qwen3-8B "
+     "data.train_batch_size=512 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 "
+     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 actor_rollout_ref.rollout.max_num_seqs=0\n",
+     "actor_rollout_ref.rollout.max_num_seqs = 0: expected a whole number >= 1"),
     ("foo: 1\nbar: 2\n", "not a verl config"),
 ])
 def test_bad_jobs_give_one_line_errors(text, message):
@@ -221,3 +226,20 @@ def test_unequal_pipeline_stages_are_written_as_first_and_last_stage_counts(laye
     middle = layers - first - last
     assert first >= 1 and last >= 1 and (pp == 2 and middle == 0 or middle % (pp - 2) == 0 and middle > 0)
     assert max(first, last) - min(first, last, middle // max(1, pp - 2) if pp > 2 else last) <= 2
+
+
+def test_the_rollout_engines_max_num_seqs_reads_and_writes():
+    """verl passes rollout.max_num_seqs to each vLLM engine: a script's value is the plan's engine, and an
+    export writes the engine the plan priced (vLLM's default on the plan's devices where the plan set none)."""
+    text = (DATA / "run_qwen2-7b_math.sh").read_text().replace(
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2 actor_rollout_ref.rollout.max_num_seqs=64")
+    v = rv.read(text, "job.sh").view
+    assert dict(v.layouts)["generate"].max_seqs == 64
+    assert "actor_rollout_ref.rollout.max_num_seqs=64" in rv.write(v).text
+    unset = dict(v.layouts)["generate"].replace(max_seqs=0)
+    on_h100 = v.replace(cluster="dgx-h100",
+                        layouts=tuple((s, unset if s == "generate" else lay) for s, lay in v.layouts))
+    assert "actor_rollout_ref.rollout.max_num_seqs=1024" in rv.write(on_h100).text  # vLLM's LLM class on an H100
+    on_a100 = on_h100.replace(cluster="dgx-a100-80gb")
+    assert "actor_rollout_ref.rollout.max_num_seqs=256" in rv.write(on_a100).text

@@ -391,3 +391,44 @@ def test_layout_refuses_bad_cuda_graph_scopes(value, needle):
     assert needle in str(info.value) and "\n" not in str(info.value)
     assert ParallelLayout(dp=16, ep=16, cuda_graphs=["moe_preprocess", "attn", "moe_router"]).cuda_graphs == (
         "attn", "moe_router", "moe_preprocess")  # a list, in Megatron-Core's order
+
+
+def test_unfused_permutation_adds_its_kernels_and_a_host_cost_per_chunk(qwen):
+    """Without --moe-permute-fusion (NeMo-RL's default megatron_cfg), each MoE layer's forward launches
+    8 kernels more than Transformer Engine's fused path, and the all-to-all dispatcher splits and
+    concatenates its tokens (and once its probs) in 128 experts x tp 1 chunks three times a forward and
+    a backward: 3 x 128 x 0.55 us = 211.2 us forward, 3 x 128 x 1.0 us = 384 us backward, on x86."""
+    kernels, fwd, bwd = moe.unfused_permute(qwen, 16, 1, "alltoall")
+    assert (kernels, fwd, bwd) == (8.0, pytest.approx(211.2e-6), pytest.approx(384e-6))
+    assert moe.unfused_permute(qwen, 16, 2, "alltoall")[1] == pytest.approx(422.4e-6)  # chunks per tp rank
+    assert moe.unfused_permute(qwen, 128, 1, "alltoall")[1:] == (0.0, 0.0)  # one local expert: no sort
+    assert moe.unfused_permute(qwen, 16, 1, "allgather")[1:] == (0.0, 0.0)  # no sort_chunks_by_idxs there
+    assert moe.unfused_permute(get_model("qwen3-8B"), 1, 1, "alltoall") == (0.0, 0.0, 0.0)
+    # the training pass (EP16, 8 micro-batches, 48 MoE layers, x86): 8 kernels x 13.5 us after the sync and
+    # 2 x 8 x 4 us in the backward, plus the chunks: 8 x 48 x (108 + 211.2 + 64 + 384) us = 0.29460 s, on its
+    # own line; nothing else moves
+    base, unfused = _pass(qwen), _pass(qwen, permute_fusion=False)
+    line = dict(unfused.parts)["MoE permutation, unfused (host)"]
+    assert line == pytest.approx(8 * 48 * (8 * 13.5e-6 + 211.2e-6 + 2 * 8 * 4e-6 + 384e-6))
+    assert unfused.seconds - base.seconds == pytest.approx(line, rel=1e-9)
+    assert "MoE permutation, unfused (host)" not in dict(base.parts)
+    assert sum(s for _, s in unfused.parts) == pytest.approx(unfused.seconds, rel=1e-9)
+    assert "unfused-permute" in ParallelLayout(dp=16, ep=16, permute_fusion=False).describe()
+    with pytest.raises(RpegError, match="permute_fusion = 1 must be true or false"):
+        ParallelLayout(dp=16, ep=16, permute_fusion=1)
+
+
+def test_nemo_rl_rows_run_the_permutation_their_recipes_set():
+    """grpo_math_1B.yaml's megatron_cfg.moe_permute_fusion is false (v0.4-v0.6): the Qwen3-30B-A3B
+    recipes keep it; the DeepSeek-V3 and Qwen3-235B performance recipes set it true."""
+    from rpeg.graph.serde import read_yaml_file
+    from rpeg.perf.validation import bundled, rl_graph
+
+    data = read_yaml_file(str(bundled()["nemo-rl-v0.6"]))
+    by_id = {e["id"]: e for e in data["rl"]}
+    for row, fused in (("v06-h100-qwen3-30b-a3b-on-32", False), ("v06-h100-dsv3-on-256", True),
+                       ("v06-gb200-qwen3-235b-on-64", True)):
+        g, _ = rl_graph(by_id[row], {}, "x")
+        assert {s.layout.permute_fusion for s in g.stages if s.layout and s.kind.value != "generate"} == {fused}
+    with pytest.raises(RpegError, match=r"training.permute_fusion: expected true or false"):
+        rl_graph(dict(by_id["v06-h100-qwen3-30b-a3b-on-32"], training={"ep": 8, "permute_fusion": "no"}), {}, "x")

@@ -165,6 +165,8 @@ def test_layouts_obey_each_systems_restrictions(plans, job, gpus):
             if s.kind is Kind.GENERATE:
                 assert lay.tp <= 8 and lay.cp == 1, (name, s.name)
                 assert lay.pp == 1 or name == "real", (name, s.name)
+                # verl passes rollout.max_num_seqs (256 at v0.9) to vLLM; the others leave vLLM its default
+                assert lay.max_seqs == (256 if name.startswith("verl") else 0), (name, s.name)
             elif name in FSDP_LIKE:  # a forward pass may be FSDP-sharded too (verl wraps its reference in FSDP)
                 assert (lay.tp, lay.pp) == (1, 1), (name, s.name)
                 assert lay.zero in ((3,) if s.kind is Kind.TRAIN else (0, 3)), (name, s.name)

@@ -13,10 +13,11 @@ from rpeg.errors import RpegError
 from rpeg.graph import Job, get_model, verify
 from rpeg.graph import LengthDistribution as Dist
 from rpeg.hardware import load_cluster
-from rpeg.passes import colocate
+from rpeg.passes import bound_asynchrony, colocate, partial_rollout, place
 from rpeg.perf.step import predict_step
 from rpeg.search import LayoutCache, NoFeasiblePlan, SearchResult, SpaceOptions, nearest_feasible, search
 from rpeg.search.baselines import BASELINES
+from rpeg.search.layouts import RPEG_OPTIONS, LayoutOptions, best_layout, candidates
 
 SMALL, LLAMA = get_model("qwen3-0.6B"), get_model("llama-3.1-8B")
 JOB = Job(prompts=16, samples_per_prompt=4, prompt_len=256, response=Dist.fixed(512))
@@ -175,3 +176,34 @@ def test_bad_arguments_are_refused(kwargs, needle):
 def test_a_placed_graph_is_refused():
     with pytest.raises(RpegError, match="starts from the algorithm's graph"):
         search(colocate(GRPO, 8), load_cluster("dgx-h100", 8), 8)
+
+
+def test_only_rpeg_s_own_search_tries_a_smaller_engine_for_partial_rollout(dgx8):
+    """A partial-rollout plan recomputes the responses in flight at each weight update, as many as an
+    engine runs at once: RPEG's search (whose runtime passes max_num_seqs to vLLM) tries 256 besides
+    vLLM's default of 1,024 on an H100; a system's options keep its engines (verl: 256, always)."""
+    g = partial_rollout(bound_asynchrony(GRPO, 1))
+    gen = g.stage("generate")
+
+    def seqs(opts):
+        return sorted({lay.max_seqs for lay in candidates(g, gen, 8, 8, opts, dgx8.device)})
+
+    assert seqs(RPEG_OPTIONS) == [0, 256]
+    assert seqs(LayoutOptions()) == [0]
+    assert seqs(LayoutOptions(gen_max_seqs=256, partial_max_seqs=(256,))) == [256]  # nothing smaller to try
+    assert seqs(LayoutOptions(partial_max_seqs=(256,))) == [0, 256]
+    assert seqs(LayoutOptions(partial_max_seqs=(256,))) != seqs(LayoutOptions(partial_max_seqs=(2048,)))
+
+
+def test_each_engine_size_is_costed_and_the_faster_kept(dgx8):
+    """The two engine sizes of a partial-rollout plan share every other layout field: both are costed
+    (not the first that fits, as with ZeRO stages or recomputation) and the faster one is kept."""
+    g = place(partial_rollout(bound_asynchrony(GRPO_LLAMA, 1)), {"gen": 4, "train": 4}, {"generate": "gen"},
+              default="train")
+    cache = LayoutCache()
+    lay, cost = best_layout(g, g.stage("generate"), dgx8, RPEG_OPTIONS, cache)
+    costed = {}
+    for (candidate, c) in next(v for v in cache.shapes.values() if v):
+        costed.setdefault((candidate.tp, candidate.max_seqs), c.seconds)
+    assert {m for _, m in costed} == {0, 256}
+    assert cost.seconds == min(costed.values()) and costed[(lay.tp, lay.max_seqs)] == cost.seconds

@@ -15,7 +15,8 @@ sleep mode, offloading the FSDP state); the 3D-HybridEngine's resharding is the 
 (`full_tensor()` in verl/workers/sharding_manager/fsdp_vllm.py's per-tensor generator) and vLLM
 loads its slice (`refit(gather="full")`; the zero-redundancy 3D-HybridEngine of §5 is verl's
 Megatron backend, left out below). Training and every forward pass use FSDP (ZeRO-3, tp 1, pp 1, any recomputation),
-with Ulysses context parallelism of 1 or 2; the rollout uses tensor parallelism inside a node.
+with Ulysses context parallelism of 1 or 2; the rollout uses tensor parallelism inside a node, each
+engine at verl's rollout.max_num_seqs (VERL_MAX_NUM_SEQS), which verl passes to vLLM in every mode.
 
 `verl-one-step-off` models: k = 1; a rollout pool of a quarter of the GPUs (whole nodes, at least
 one; inside one node, a quarter of its GPUs) that runs generation only, and a training pool of
@@ -55,12 +56,15 @@ FULLY_ASYNC_ROLLOUT_SHARE = 0.5  # verl-fully-async: docs/advance/fully_async.md
 
 
 REFIT_GATHER = "full"  # see the module docstring: every tensor gathered in full on every device
+# verl passes its rollout's max_num_seqs to every vLLM engine it starts (verl/workers/rollout/vllm_rollout/
+# vllm_async_server.py); verl/trainer/config/rollout/rollout.yaml sets 256 at v0.9 (1,024 from v0.1 to v0.8)
+VERL_MAX_NUM_SEQS = 256
 
 
 def options(cluster: Cluster) -> LayoutOptions:
     return LayoutOptions(train_tp=(1,), train_pp=(1,), train_cp=(1, 2), zero=(3,),
                          recompute=("none", "selective", "full"), gen_tp=node_divisors(cluster), gen_pp=(1,),
-                         expert_parallel=False, sequence_parallel=False,
+                         expert_parallel=False, sequence_parallel=False, gen_max_seqs=VERL_MAX_NUM_SEQS,
                          logits="bf16-ce")  # dp_actor: bf16 logits, flash-attn's in-place cross-entropy
 
 
@@ -75,7 +79,7 @@ def build(graph: Graph, cluster: Cluster, gpus: int, cache: LayoutCache) -> Grap
 def megatron_options(cluster: Cluster) -> LayoutOptions:
     return LayoutOptions(train_tp=node_divisors(cluster), train_pp=None, train_cp=(1,), zero=(1,),
                          recompute=("none", "selective", "full"), gen_tp=node_divisors(cluster), gen_pp=(1,),
-                         expert_parallel=False, sequence_parallel=True,
+                         expert_parallel=False, sequence_parallel=True, gen_max_seqs=VERL_MAX_NUM_SEQS,
                          logits="fused-ce")  # megatron_actor: Megatron's vocab-parallel cross-entropy
 
 
