@@ -12,6 +12,7 @@ from typing import Any
 
 from rpeg.errors import RpegError
 from rpeg.interop.common import Notes
+from rpeg.search.baselines.verl import VERL_MAX_NUM_SEQS
 
 
 SYSTEM = "verl"
@@ -60,8 +61,8 @@ DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.rollout.n": 1, "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
     "actor_rollout_ref.rollout.pipeline_model_parallel_size": 1,
     "actor_rollout_ref.rollout.data_parallel_size": 1, "actor_rollout_ref.rollout.expert_parallel_size": 1,
-    # rollout/rollout.yaml (256 at v0.9, 1,024 before): verl passes it to each vLLM engine it starts
-    "actor_rollout_ref.rollout.max_num_seqs": 256,
+    # rollout/rollout.yaml: verl passes it to each vLLM engine it starts (the verl baselines' engines)
+    "actor_rollout_ref.rollout.max_num_seqs": VERL_MAX_NUM_SEQS,
     "actor_rollout_ref.actor.ppo_mini_batch_size": 256, "actor_rollout_ref.actor.ppo_epochs": 1,
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": None, "actor_rollout_ref.actor.use_dynamic_bsz": False,
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 16384,
