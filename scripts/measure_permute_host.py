@@ -1,4 +1,4 @@
-"""Measure the host time per chunk of Megatron-Core's unfused token sort (moe.UNFUSED_CHUNK_S).
+"""Measure the host time per chunk of Megatron-Core's unfused token sort (efficiency.UNFUSED_CHUNK_S).
 
 Without --moe-permute-fusion, Megatron-Core's all-to-all dispatcher reorders the tokens it receives
 from (rank, local expert) order to (local expert, rank) order and back with
@@ -8,7 +8,7 @@ host time grows with the chunk count; the data it moves is the GPU's. This scrip
 on this machine's CPU with tensors of one row per chunk (so the copies cost next to nothing), forward
 alone and forward with backward (autograd's SplitWithSizesBackward and CatBackward: a narrow per
 chunk and one concatenation), at several chunk counts, and fits a line: its slope is the host time
-per chunk. The fixed part (the calls themselves) is priced as framework ops (moe.UNFUSED_PERMUTE_OPS).
+per chunk. The fixed part (the calls themselves) is priced with the kernels (efficiency.UNFUSED_PERMUTE_KERNELS).
 
     .venv/bin/python scripts/measure_permute_host.py [--repeats 300]
 

@@ -132,7 +132,7 @@ class ParallelLayout:
     overlapped with another's compute (Megatron's --overlap-moe-expert-parallel-comm); permute_fusion:
     Transformer Engine's fused token permutation (Megatron's --moe-permute-fusion, which Megatron-Bridge's
     and Megatron-LM's MoE recipes set; false: PyTorch ops, per-chunk splits and concatenations, as
-    NeMo-RL's default megatron_cfg runs; priced by moe.unfused_permute); cuda_graphs: none,
+    NeMo-RL's default megatron_cfg runs; priced by moe.unfused_permute_host_s); cuda_graphs: none,
     partial (the attention and dense parts captured), full (the whole iteration), or a list of
     Megatron-Core's --cuda-graph-scope values (CUDA_GRAPH_SCOPES; priced by training.layer_launches and
     moe.moe_launches); routing: balanced (forced, as benchmarks run: --moe-router-force-load-balancing) or

@@ -276,17 +276,20 @@ def moe_host_s(kernels: float, host: float, sync: bool = True) -> tuple[float, f
     return kernels * forward * host, 2 * kernels * KERNEL_LAUNCH_S.value * host
 
 
-def unfused_permute(spec: ModelSpec, ep: int, tp: int, dispatcher: str) -> tuple[float, float, float]:
-    """(kernels, forward host s, backward host s) that one MoE layer adds without permute fusion, on the
-    x86 reference host: UNFUSED_PERMUTE_KERNELS (priced as the layer's others: moe_host_s), and, with
-    the all-to-all dispatcher and more than one local expert, sort_chunks_by_idxs over num_experts x tp
-    chunks three times a forward (tokens and probs after the dispatch, tokens before the combine; the
-    dispatcher's tp is the expert tensor parallelism, tp here: no etp apart) and as often in the
-    backward (UNFUSED_CHUNK_S, UNFUSED_CHUNK_BWD_S)."""
+def unfused_permute_host_s(spec: ModelSpec, ep: int, tp: int, dispatcher: str, host: float,
+                           sync: bool = True, layers: float = 1.0) -> tuple[float, float]:
+    """(forward, backward) host seconds that `layers` MoE layers add without permute fusion, on a host
+    `host` times as slow as the x86 reference: UNFUSED_PERMUTE_KERNELS priced as the layer's other kernels
+    (moe_host_s), and, with the all-to-all dispatcher and more than one local expert,
+    sort_chunks_by_idxs over num_experts x tp chunks three times a forward (tokens and probs after the
+    dispatch, tokens before the combine; the dispatcher's tp is the expert tensor parallelism, tp here:
+    no etp apart) and as often in the backward (UNFUSED_CHUNK_S, UNFUSED_CHUNK_BWD_S)."""
     if not spec.is_moe:
-        return 0.0, 0.0, 0.0
+        return 0.0, 0.0
     chunks = 3 * spec.experts * tp if dispatcher == "alltoall" and local_experts(spec, ep) > 1 else 0
-    return UNFUSED_PERMUTE_KERNELS.value, chunks * UNFUSED_CHUNK_S.value, chunks * UNFUSED_CHUNK_BWD_S.value
+    fwd, bwd = moe_host_s(UNFUSED_PERMUTE_KERNELS.value * layers, host, sync)
+    return (fwd + chunks * UNFUSED_CHUNK_S.value * layers * host,
+            bwd + chunks * UNFUSED_CHUNK_BWD_S.value * layers * host)
 
 
 def moe_launches(spec: ModelSpec, ep: int, dtype: str, cuda_graphs: str | tuple[str, ...]) -> float:

@@ -122,17 +122,14 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
         + layer_launches(layout.cuda_graphs, moe_layer=True) * moe_l * share)
     moe_kernels = moe.moe_launches(spec, ep, work.dtype, layout.cuda_graphs) * moe_l * share \
         if dev.layer_host_s <= 0 else 0.0
-    # without permute fusion: PyTorch's permutation kernels, and the host's split and concatenation per
-    # (rank, local expert) chunk (moe.unfused_permute), eager even under CUDA graphs (their shapes change)
-    permute_kernels = permute_fwd = permute_bwd = 0.0
-    if moe_l and not layout.permute_fusion and dev.layer_host_s <= 0:
-        permute_kernels, permute_fwd, permute_bwd = (v * moe_l * share for v in moe.unfused_permute(
-            spec, ep, tp, layout.dispatcher))
-        permute_fwd, permute_bwd = permute_fwd * host_time(dev), permute_bwd * host_time(dev)
     static = bool(layout.capacity_factor or layout.rank_capacity_factor)  # shapes known without a sync
     moe_fwd_host, moe_bwd_host = moe.moe_host_s(moe_kernels, host_time(dev), sync=not static)
-    perm_fwd_host, perm_bwd_host = moe.moe_host_s(permute_kernels, host_time(dev), sync=not static)
-    perm_fwd_host, perm_bwd_host = perm_fwd_host + permute_fwd, perm_bwd_host + permute_bwd
+    # without permute fusion: PyTorch's permutation kernels, and the host's split and concatenation per
+    # (rank, local expert) chunk, eager even under CUDA graphs (their shapes change)
+    perm_fwd_host = perm_bwd_host = 0.0
+    if moe_l and not layout.permute_fusion and dev.layer_host_s <= 0:
+        perm_fwd_host, perm_bwd_host = moe.unfused_permute_host_s(spec, ep, tp, layout.dispatcher, host_time(dev),
+                                                                  sync=not static, layers=moe_l * share)
 
     # communication per micro-batch on one stage
     act_bytes = tokens * spec.hidden * BF16

@@ -398,12 +398,16 @@ def test_unfused_permutation_adds_its_kernels_and_a_host_cost_per_chunk(qwen):
     8 kernels more than Transformer Engine's fused path, and the all-to-all dispatcher splits and
     concatenates its tokens (and once its probs) in 128 experts x tp 1 chunks three times a forward and
     a backward: 3 x 128 x 0.55 us = 211.2 us forward, 3 x 128 x 1.0 us = 384 us backward, on x86."""
-    kernels, fwd, bwd = moe.unfused_permute(qwen, 16, 1, "alltoall")
-    assert (kernels, fwd, bwd) == (8.0, pytest.approx(211.2e-6), pytest.approx(384e-6))
-    assert moe.unfused_permute(qwen, 16, 2, "alltoall")[1] == pytest.approx(422.4e-6)  # chunks per tp rank
-    assert moe.unfused_permute(qwen, 128, 1, "alltoall")[1:] == (0.0, 0.0)  # one local expert: no sort
-    assert moe.unfused_permute(qwen, 16, 1, "allgather")[1:] == (0.0, 0.0)  # no sort_chunks_by_idxs there
-    assert moe.unfused_permute(get_model("qwen3-8B"), 1, 1, "alltoall") == (0.0, 0.0, 0.0)
+    # the 8 kernels: 8 x 13.5 us after the sync, 2 x 8 x 4 us in the backward
+    kernels = (8 * 13.5e-6, 2 * 8 * 4e-6)
+    fwd, bwd = moe.unfused_permute_host_s(qwen, 16, 1, "alltoall", 1.0)
+    assert (fwd, bwd) == (pytest.approx(kernels[0] + 211.2e-6), pytest.approx(kernels[1] + 384e-6))
+    assert moe.unfused_permute_host_s(qwen, 16, 2, "alltoall", 1.0)[0] == pytest.approx(kernels[0] + 422.4e-6)
+    assert moe.unfused_permute_host_s(qwen, 16, 1, "alltoall", 2.6)[0] == pytest.approx(2.6 * fwd)  # Grace
+    # one local expert: no chunk sort; the allgather dispatcher has none either
+    assert moe.unfused_permute_host_s(qwen, 128, 1, "alltoall", 1.0) == pytest.approx(kernels)
+    assert moe.unfused_permute_host_s(qwen, 16, 1, "allgather", 1.0) == pytest.approx(kernels)
+    assert moe.unfused_permute_host_s(get_model("qwen3-8B"), 1, 1, "alltoall", 1.0) == (0.0, 0.0)
     # the training pass (EP16, 8 micro-batches, 48 MoE layers, x86): 8 kernels x 13.5 us after the sync and
     # 2 x 8 x 4 us in the backward, plus the chunks: 8 x 48 x (108 + 211.2 + 64 + 384) us = 0.29460 s, on its
     # own line; nothing else moves
