@@ -76,8 +76,11 @@ class Batch:
 
 
 def build_batch(prompts: list[list[int]], responses: list[list[int]], logprobs: list[list[float]],
-                group_index: list[int], versions: list[int], pad_id: int) -> Batch:
-    """Pad prompts left and responses right into one Batch."""
+                group_index: list[int], versions: list[int], pad_id: int,
+                loss_masks: list[list[int]] | None = None) -> Batch:
+    """Pad prompts left and responses right into one Batch. `loss_masks`: per response token, 1 where the
+    engine sampled it and 0 on a multi-turn episode's observation tokens, which then stay out of `mask`
+    (and so out of every loss, KL, entropy, ratio and advantage) while the model still reads them."""
     b = len(prompts)
     p = max(len(x) for x in prompts)
     r = max(1, max(len(x) for x in responses))
@@ -91,7 +94,8 @@ def build_batch(prompts: list[list[int]], responses: list[list[int]], logprobs: 
         if rs:
             ids[i, p:p + len(rs)] = torch.tensor(rs, dtype=torch.long)
             attn[i, p:p + len(rs)] = 1
-            mask[i, p - 1:p - 1 + len(rs)] = 1.0
+            mask[i, p - 1:p - 1 + len(rs)] = 1.0 if loss_masks is None else torch.tensor(loss_masks[i],
+                                                                                          dtype=torch.float32)
             lps[i, p - 1:p - 1 + len(rs)] = torch.tensor(lp, dtype=torch.float32)
     return Batch(input_ids=ids, attention_mask=attn, mask=mask, prompt_len=p,
                  group_index=torch.tensor(group_index, dtype=torch.long),

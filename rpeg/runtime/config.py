@@ -16,6 +16,7 @@ In a job file it is the `runtime:` section:
       out: runs/demo
       loggers: [tensorboard, wandb, mlflow]   # any subset: experiment trackers (rpeg/runtime/trackers.py)
       chat: false               # true: each prompt is the user's message in the tokenizer's chat template
+      environment: {name: calculator, max_turns: 3}   # multi-turn episodes with tools (docs/agents.md)
 
 Every number has a range (_COUNTS and _REALS below: steps up to 1,000,000, lr in [1e-12, 1],
 temperature in [0.01, 100], seed in [0, 2^31 - 1], ...); one outside it, NaN or infinity is refused
@@ -96,6 +97,7 @@ class RuntimeConfig:
     loggers: tuple[str, ...] = ()  # experiment trackers beside metrics.jsonl: tensorboard, wandb, mlflow
     chat: bool = False  # prompts as the user's turn of the tokenizer's chat template (an instruct model's format)
     partial_segment: int = 0  # partial rollout: tokens between two chances to take new weights (0: max_new_tokens / 4)
+    environment: dict[str, Any] | None = None  # multi-turn episodes: {name: calculator, max_turns: 3, ...}
 
     def __post_init__(self) -> None:
         problems = bounded([problem(f, getattr(self, f), positive=lo > 0, minimum=None if lo > 0 else lo, maximum=hi,
@@ -125,8 +127,28 @@ class RuntimeConfig:
             problems.append(f"engine = {self.engine!r}: expected hf or vllm")
         if not isinstance(self.task, dict) or "name" not in self.task:
             problems.append("task must be a mapping with a name, e.g. {name: arithmetic}")
+        if self.environment is not None:
+            if not isinstance(self.environment, dict) or "name" not in self.environment:
+                problems.append("environment must be a mapping with a name, e.g. {name: calculator, max_turns: 3}")
+            else:
+                from rpeg.tasks import environment_options
+
+                try:
+                    environment_options(self.environment["name"],
+                                        {k: v for k, v in self.environment.items() if k != "name"})
+                except RpegError as e:
+                    problems.append(str(e))
         if problems:
             raise RpegError("runtime: " + "; ".join(problems))
+
+    def env_spec(self, task):
+        """The environment as the rollout workers build it (runtime.agent_engine.EnvSpec), or None."""
+        if self.environment is None:
+            return None
+        from rpeg.runtime.agent_engine import EnvSpec
+
+        options = tuple(sorted((k, v) for k, v in self.environment.items() if k != "name"))
+        return EnvSpec(self.environment["name"], task, options)
 
     def replace(self, **changes) -> RuntimeConfig:
         return dataclasses.replace(self, **changes)

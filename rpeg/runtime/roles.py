@@ -225,6 +225,12 @@ class Engines:
         return [[getattr(w, method).remote([prompts[i] for i in idx], params, seed + j, *extra) for w in ranks]
                 for j, (ranks, idx) in enumerate(zip(self.ranks, parts))]
 
+    def submit_episodes(self, problems: list, spec, params, seed: int) -> list[list]:
+        """Start one multi-turn episode per problem, split over the engines like `submit`: the futures."""
+        parts = shards(len(problems), len(self.ranks))
+        return [[ranks[0].episodes.remote([problems[i] for i in idx], spec, params, seed + j)]
+                for j, (ranks, idx) in enumerate(zip(self.ranks, parts))]
+
     def wait(self, pending: list[list]) -> list:
         """Each engine's workers.Generated, in order (a partial rollout's segments followed to the last)."""
         out = []
@@ -239,6 +245,10 @@ class Engines:
     def one(self, prompts: list, params, seed: int):
         """All of `prompts` on the first engine (held-out evaluation)."""
         return self.ray.get([w.generate.remote(prompts, params, seed) for w in self.ranks[0]])[0]
+
+    def one_episodes(self, problems: list, spec, params, seed: int):
+        """An episode per problem on the first engine (held-out evaluation of a multi-turn job)."""
+        return self.ray.get(self.ranks[0][0].episodes.remote(problems, spec, params, seed))
 
     @property
     def workers(self) -> list:

@@ -106,6 +106,8 @@ def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool
 
         require()
     task = get_task(**rt.task) if isinstance(rt.task, dict) else get_task(rt.task)
+    if rt.environment is not None:
+        _check_episodes(graph, rt, task, names)
     os.makedirs(rt.out, exist_ok=True)
     ckpt_dir = os.path.join(rt.out, "checkpoints")
     state = load_latest(ckpt_dir) if resume else None
@@ -191,6 +193,11 @@ class _Runner:
         for name, params in (("sampled", SamplingParams(max_new_tokens=self.rt.max_new_tokens,
                                                         temperature=self.rt.temperature)),
                              ("greedy", SamplingParams(max_new_tokens=self.rt.max_new_tokens, greedy=True))):
+            if self.steps.env is not None:  # episodes, with their tools: the share whose outcome is correct
+                ep = self.roles.engines.one_episodes(problems, self.steps.env, params, self.rt.seed + 4242).episodes
+                out[name] = sum(o >= 1.0 for o in ep.outcomes) / len(problems)
+                out[f"{name}_tool_calls"] = sum(ep.tool_calls) / len(problems)
+                continue
             resp = self.roles.engines.one(prompts, params, self.rt.seed + 4242).responses
             out[name] = self.task.accuracy(problems, self.tok.batch_decode(resp, skip_special_tokens=True))
         return out
@@ -221,6 +228,8 @@ class _Runner:
                 if rt.eval_every and ((step + 1) % rt.eval_every == 0 or step + 1 == rt.steps):
                     acc = self.evaluate()
                     m["test_accuracy"], m["test_accuracy_greedy"] = acc["sampled"], acc["greedy"]
+                    if "sampled_tool_calls" in acc:
+                        m["test_tool_calls"] = acc["sampled_tool_calls"]
                 metrics.append(m)
                 append_jsonl(os.path.join(rt.out, "metrics.jsonl"), m)
                 self.trackers.log(m)
@@ -304,6 +313,22 @@ class _Runner:
         return Timeline(records=tuple(sorted(self.records, key=lambda r: r.start)), steps=steps, step_s=step_s,
                         step_ends=tuple(ends), tokens_per_step=0.0, sequences_per_step=self.job.sequences,
                         max_staleness=max((m["staleness_max"] for m in metrics), default=0), source="measured")
+
+
+def _check_episodes(graph: Graph, rt: RuntimeConfig, task, names) -> None:
+    """Refuse, in one line, what the runtime does not yet run with multi-turn episodes."""
+    from rpeg.tasks import get_environment
+
+    gen = graph.stage(names.generate)
+    why = ("the plan generates in segments under partial rollout" if graph.partial_rollout else
+           "the plan has ReMax's greedy baseline" if names.greedy else
+           "the plan scores with a reward model" if graph.stage(names.reward).model is not None else
+           f"the plan generates with {gen.layout.describe()} (a tensor-parallel engine)" if gen.layout.tp > 1 else
+           "the vllm engine is asked for" if rt.engine == "vllm" else "")
+    if why:
+        raise RpegError(f"runtime.environment runs multi-turn episodes on whole hf engines, with the environment's "
+                        f"reward; {why}: plan without it, or leave out runtime.environment")
+    get_environment(rt.environment["name"], task, **{k: v for k, v in rt.environment.items() if k != "name"})
 
 
 def _reward_path(rt: RuntimeConfig) -> str:

@@ -34,6 +34,15 @@ class Rollout:
     greedy: list | None = None  # ReMax: one greedy response per prompt
     greedy_span: tuple[float, float] | None = None
     token_versions: list | None = None  # partial rollout: per sample, the weight version of each token
+    # multi-turn episodes (runtime.agent_engine): per sample, its response tokens' loss mask (0 on observation
+    # tokens), the environment's reward, the outcome (accuracy reads it), turns and successful tool calls
+    loss_masks: list | None = None
+    env_rewards: list | None = None
+    outcomes: list | None = None
+    turns: list | None = None
+    tool_calls: list | None = None
+
+    EPISODE_FIELDS = ("loss_masks", "env_rewards", "outcomes", "turns", "tool_calls")
 
     def as_dict(self) -> dict:  # the checkpoint's format for generations in flight
         out = {"prompts": self.prompts, "responses": self.responses, "logprobs": self.logprobs,
@@ -42,18 +51,21 @@ class Rollout:
             out |= {"greedy": self.greedy, "greedy_span": self.greedy_span}
         if self.token_versions is not None:
             out["token_versions"] = self.token_versions
+        if self.loss_masks is not None:
+            out |= {k: getattr(self, k) for k in self.EPISODE_FIELDS}
         return out
 
     @classmethod
     def from_dict(cls, d: dict) -> Rollout:
         return cls(d["prompts"], d["responses"], d["logprobs"], d["versions"], tuple(d["span"]), d.get("greedy"),
-                   d.get("greedy_span"), d.get("token_versions"))
+                   d.get("greedy_span"), d.get("token_versions"), **{k: d.get(k) for k in cls.EPISODE_FIELDS})
 
     def rows(self, rows: slice) -> Rollout:
         """The samples at `rows` (a streamed part of the step's generation)."""
         tv = None if self.token_versions is None else self.token_versions[rows]
+        ep = {k: None if getattr(self, k) is None else getattr(self, k)[rows] for k in self.EPISODE_FIELDS}
         return Rollout(self.prompts[rows], self.responses[rows], self.logprobs[rows], self.versions[rows], self.span,
-                       token_versions=tv)
+                       token_versions=tv, **ep)
 
 
 @dataclass
@@ -75,6 +87,7 @@ class Steps:
         """`record(stage, step, span, group_of=None, microbatch=0)`: the driver's measured timeline."""
         self.g, self.rt, self.task, self.tok, self.roles, self.names, self.record = (
             graph, rt, task, tok, roles, names, record)
+        self.env = rt.env_spec(task)  # multi-turn episodes on the engines, or None
         self.job = graph.job
         self.fused = graph.fusion_group_of(names.actor_logprobs) is not None  # logprobs from the engine
         self.reward_model = graph.stage(names.reward).model is not None
@@ -106,6 +119,10 @@ class Steps:
         prompts = [x for x in ids for _ in range(n)]
         params = SamplingParams(max_new_tokens=self.rt.max_new_tokens, temperature=self.rt.temperature)
         seed = self.rt.seed * 7919 + step * 31
+        if self.env is not None:  # episodes: each engine runs its prompt groups' turns with their tools
+            return Launched(problems, prompts, [self.roles.engines.submit_episodes(
+                [problems[i] for i in idx for _ in range(n)], self.env, params, seed + 104_729 * c)
+                for c, idx in enumerate(shards(len(ids), self.chunks))])
         item = Launched(problems, prompts, [self.roles.engines.submit([ids[i] for i in idx for _ in range(n)], params,
                                                                       seed + 104_729 * c, self.segment)
                                             for c, idx in enumerate(shards(len(ids), self.chunks))])
@@ -154,8 +171,12 @@ class Steps:
         for c, first, res in self._parts(item):
             check_staleness(step, first, res.token_versions or res.versions, self.g.async_bound)
             self.record(names.generate, step, res.span, microbatch=c)
-            texts = self.tok.batch_decode(res.responses, skip_special_tokens=True)
-            scores, rule, span = self._rewards([item.problems[(first + i) // n] for i in range(len(texts))], texts)
+            if res.env_rewards is not None:  # the environment scored each episode as it ended
+                scores, rule = torch.tensor(res.env_rewards), torch.tensor(res.outcomes)
+                span = (res.span[1], res.span[1])
+            else:
+                texts = self.tok.batch_decode(res.responses, skip_special_tokens=True)
+                scores, rule, span = self._rewards([item.problems[(first + i) // n] for i in range(len(texts))], texts)
             self.record(names.reward, step, span, microbatch=c)
             drawn.append((scores, rule, res))
             rows = list(range(len(scores)))
@@ -169,7 +190,8 @@ class Steps:
                     continue
             batch = build_batch(*([x[i] for i in rows] for x in (res.prompts, res.responses, res.logprobs)),
                                 [first // n + i // n for i in range(len(rows))], [res.versions[i] for i in rows],
-                                self.tok.pad_token_id)
+                                self.tok.pad_token_id,
+                                None if res.loss_masks is None else [res.loss_masks[i] for i in rows])
             batch.scores = scores[rows]
             self._infer(step, c, batch)
             if self.part_advantages:
@@ -183,6 +205,9 @@ class Steps:
         m |= {"reward": float(scores.mean()), "accuracy": float((rule >= 1.0).float().mean()),
               "response_len": sum(map(len, responses)) / len(responses),
               "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness)}
+        if self.env is not None:
+            m["turns_mean"] = sum(t for d in drawn for t in d[2].turns) / len(responses)
+            m["tool_calls_mean"] = sum(t for d in drawn for t in d[2].tool_calls) / len(responses)
         if self.segment:  # how many weight versions the step's responses span (1: none changed mid-response)
             spans = [len(set(tv)) for d in drawn for tv in d[2].token_versions or [] if tv]
             m["versions_per_response_max"] = max(spans, default=1)
@@ -324,8 +349,17 @@ def partial_segment(rt: RuntimeConfig) -> int:
 
 
 def _joined(prompts: list, outs: list) -> Rollout:
-    """The engines' results (workers.Generated, in order) for `prompts`, as one Rollout."""
+    """The engines' results (workers.Generated, in order) for `prompts`, as one Rollout (episodes: their
+    openings are the prompts, and their masks, rewards, turns and tool calls come along)."""
     partial = all(o.token_versions is not None for o in outs)
+    ep = {}
+    if outs and all(o.episodes is not None for o in outs):
+        prompts = [x for o in outs for x in o.episodes.openings]
+        ep = {"loss_masks": [x for o in outs for x in o.episodes.loss_masks],
+              "env_rewards": [x for o in outs for x in o.episodes.rewards],
+              "outcomes": [x for o in outs for x in o.episodes.outcomes],
+              "turns": [x for o in outs for x in o.episodes.turns],
+              "tool_calls": [x for o in outs for x in o.episodes.tool_calls]}
     return Rollout(prompts, [r for o in outs for r in o.responses], [lp for o in outs for lp in o.logprobs],
                    [o.version for o in outs for _ in o.responses], joined(o.span for o in outs),
-                   token_versions=[tv for o in outs for tv in o.token_versions] if partial else None)
+                   token_versions=[tv for o in outs for tv in o.token_versions] if partial else None, **ep)

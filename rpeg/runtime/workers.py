@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import torch
 
 from rpeg.graph.config import AlgoConfig
+from rpeg.runtime.agent_engine import Episodes, EnvSpec, episodes_on
 from rpeg.runtime.batch import Batch
 from rpeg.runtime.models import autocast
 from rpeg.runtime.rollout import HFEngine, InFlight, SamplingParams
@@ -111,6 +112,13 @@ class Generated:
     version: int  # the version generation started with (partial rollout: its first segment's)
     span: Span
     token_versions: list[list[int]] | None = None  # partial rollout: each token's version
+    episodes: Episodes | None = None  # multi-turn: openings, observation masks, the environment's rewards
+
+
+def _episodes(engine, tok, problems, spec: EnvSpec, params: SamplingParams, seed: int) -> Generated:
+    out = _timed(episodes_on, engine, tok, problems, spec, params, seed)
+    ep = out.value
+    return Generated(ep.responses, ep.logprobs, engine.version, out.span, episodes=ep)
 
 
 def _timed(fn, *args, **kwargs) -> Timed:
@@ -145,12 +153,17 @@ class RolloutWorker(_Where):
             tensor_parallel(model, init_device_mesh(dev or "cpu", (tp,), mesh_dim_names=("tp",)))
         self.engine = _engine(engine, model, tok, model_path, seed=seed, threads=threads, memory=engine_memory,
                               kv_mib=engine_kv_cache_mib, tp=tp > 1, device=dev, max_seqs=max_seqs)
+        self.tok = tok
         self.device = dev
         self.channel: Channel | None = None
 
     def generate(self, prompts, params: SamplingParams, seed: int):
         out = _timed(self.engine.generate, prompts, params, seed)
         return Generated(*out.value, self.engine.version, out.span)
+
+    def episodes(self, problems, spec: EnvSpec, params: SamplingParams, seed: int):
+        """One multi-turn episode per problem (runtime.agent_engine): their turns batched on this engine."""
+        return _episodes(self.engine, self.tok, problems, spec, params, seed)
 
     def generate_partial(self, prompts, params: SamplingParams, seed: int, segment: int,
                          state: InFlight | None = None):
@@ -314,6 +327,7 @@ class ColocatedWorker(_Where):
         self.sleeps = engine == "vllm" and dev is not None
         self.engine = _engine(engine, own, tok, model_path, seed=seed, threads=threads, memory=engine_memory,
                               kv_mib=engine_kv_cache_mib, device=dev, sleep=self.sleeps, max_seqs=max_seqs)
+        self.tok = tok
         self.shares_model = isinstance(self.engine, HFEngine) and not sharded
         self.ref = (Trainer(_load(model_path)[0].eval(), config, ref_optim or optim, lm=True, **on) if reference
                     else None)
@@ -327,6 +341,13 @@ class ColocatedWorker(_Where):
             self.engine.wake()
         out = _timed(self.engine.generate, prompts, params, seed)
         return Generated(*out.value, self.engine.version, out.span)
+
+    def episodes(self, problems, spec: EnvSpec, params: SamplingParams, seed: int):
+        if self.shares_model:
+            self.engine.model.eval()
+        if self.sleeps:
+            self.engine.wake()
+        return _episodes(self.engine, self.tok, problems, spec, params, seed)
 
     def load_weights(self, version: int):
         """In-process: an `hf` engine sharing the trainer's model already holds its weights; an own

@@ -1,0 +1,98 @@
+"""Environments: one instance per episode, `reset(problem)` then `step(reply)` until done.
+
+    reset(problem) -> the opening messages
+    step(reply)    -> Step(observation messages | None, reward, done)
+
+`step` may be a coroutine (`async def`); a plain one runs on the episode's thread pool, off the event
+loop. An episode ends when `step` says done or after `max_turns` replies, whichever comes first.
+
+`ToolEnvironment` is the common case: a task with tools. A reply that calls tools gets their results
+as the observation (each call on the thread pool, with its timeout; a bad call or a failing tool is
+an `error: ...` observation, never a crashed run); a reply that calls none is the answer, scored by
+the task's verifiable reward. `tool_reward` is added per successful call (0 by default: outcome
+reward only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+from rpeg.errors import RpegError
+from rpeg.tasks.base import Problem, Task
+from rpeg.tasks.chat import ChatFormat, Message, PlainFormat
+from rpeg.tasks.tools import Tool, call
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    observation: list[Message] | None
+    reward: float = 0.0
+    done: bool = False
+
+
+class Environment(ABC):
+    """What an agent task provides. Subclasses set `tools`, `max_turns` and `format`."""
+
+    tools: tuple[Tool, ...] = ()
+    max_turns: int = 4
+    format: ChatFormat = PlainFormat()
+    pool: Executor | None = None  # the episode runner sets its thread pool here before reset
+
+    @abstractmethod
+    def reset(self, problem: Problem) -> list[Message]:
+        """The opening messages of an episode on `problem`."""
+
+    @abstractmethod
+    def step(self, reply: str) -> Step:
+        """The environment's answer to the model's `reply` (may be `async def`)."""
+
+
+@dataclass
+class ToolEnvironment(Environment):
+    """A task whose model may call `tools` before it answers."""
+
+    task: Task
+    tools: tuple[Tool, ...] = ()
+    max_turns: int = 4
+    format: ChatFormat = field(default_factory=PlainFormat)
+    system: str | None = None  # a system message (instruct models), e.g. how to call the tools
+    tool_reward: float = 0.0
+    problem: Problem | None = None
+    calls: int = 0  # successful tool calls this episode
+    failed_calls: int = 0
+
+    def __post_init__(self) -> None:
+        if type(self.max_turns) is not int or self.max_turns < 1:
+            raise RpegError(f"max_turns must be a positive integer, got {self.max_turns!r}")
+        names = [t.name for t in self.tools]
+        if len(set(names)) != len(names):
+            raise RpegError(f"two tools share a name: {sorted(n for n in names if names.count(n) > 1)[0]!r}")
+        self.tools = tuple(self.tools)
+
+    def reset(self, problem: Problem) -> list[Message]:
+        self.problem, self.calls, self.failed_calls = problem, 0, 0
+        opening = [{"role": "user", "content": problem.prompt}]
+        return ([{"role": "system", "content": self.system}] if self.system else []) + opening
+
+    async def step(self, reply: str) -> Step:
+        if self.problem is None:
+            raise RpegError("step() before reset(): an environment serves one episode, reset it first")
+        wanted = self.format.tool_calls(reply, self.tools)
+        if not wanted:
+            return Step(None, self.task.reward(self.problem, reply), True)
+        by_name = {t.name: t for t in self.tools}
+
+        async def one(c) -> tuple[str, bool]:
+            if c.error:
+                return f"error: {c.error}", False
+            return await call(by_name[c.name], c.arguments, self.pool)
+
+        results = await asyncio.gather(*(one(c) for c in wanted))
+        ok = sum(good for _, good in results)
+        self.calls += ok
+        self.failed_calls += len(results) - ok
+        return Step([{"role": "tool", "name": c.name, "content": text} for c, (text, _) in zip(wanted, results)],
+                    self.tool_reward * ok, False)

@@ -1,0 +1,57 @@
+"""Multi-turn episodes in a real run: the rollout engines run calculator episodes, the batch keeps the
+observation tokens out of the loss, the environment's reward is trained on, and combinations the runtime
+does not run yet are refused before anything starts."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from rpeg.errors import RpegError
+from rpeg.runtime.batch import build_batch
+from rpeg.runtime.config import RuntimeConfig
+from rpeg.runtime.run import run
+from tests.runtime.test_runtime_e2e import colocated_plan, rt, split_async_plan
+
+
+def test_observation_tokens_stay_out_of_the_mask():
+    b = build_batch([[1, 2], [3]], [[5, 6, 7, 8], [9]], [[-1.0, -2.0, 0.0, -3.0], [-1.0]], [0, 1], [0, 0], 0,
+                    loss_masks=[[1, 1, 0, 1], [1]])
+    # prompt length 2: response token j is predicted at position 1 + j
+    assert b.mask.tolist() == [[0, 1, 1, 0, 1], [0, 1, 0, 0, 0]]
+    assert b.attention_mask.tolist() == [[1, 1, 1, 1, 1, 1], [0, 1, 1, 0, 0, 0]]
+
+
+def test_environment_options_are_checked_in_one_line():
+    with pytest.raises(RpegError, match="environment 'calculator' has no option 'turns'"):
+        RuntimeConfig(environment={"name": "calculator", "turns": 3})
+    with pytest.raises(RpegError, match="unknown environment 'web'"):
+        RuntimeConfig(environment={"name": "web"})
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("plan", [colocated_plan, split_async_plan])
+def test_a_run_trains_on_calculator_episodes(tmp_path, plan):
+    cfg = rt(tmp_path, task={"name": "arithmetic", "ops": ["mul"], "level": 3}, steps=2, max_new_tokens=12,
+             environment={"name": "calculator", "max_turns": 2}, eval_every=1, eval_size=8)
+    result = run(plan(), cfg, progress=False)
+    m = result.metrics
+    assert len(m) == 2 and all(1.0 <= x["turns_mean"] <= 2.0 for x in m)
+    assert all("tool_calls_mean" in x and "test_tool_calls" in x for x in m)
+    assert all(0.0 <= x["reward"] <= 1.0 for x in m)
+    trace = json.load(open(os.path.join(cfg.out, "timeline.json")))
+    names = {str(e.get("name")).split(" ")[0] for e in (trace["traceEvents"] if isinstance(trace, dict) else trace)}
+    assert {"generate", "reward", "actor_update"} <= names
+
+
+@pytest.mark.long
+def test_unsupported_combinations_are_refused_before_starting(tmp_path):
+    cfg = rt(tmp_path, environment={"name": "calculator"}, engine="hf")
+    from rpeg.passes import partial_rollout
+
+    with pytest.raises(RpegError, match="partial rollout"):
+        run(partial_rollout(split_async_plan()), cfg, progress=False)
+    with pytest.raises(RpegError, match="runs the arithmetic task, not 'countdown'"):
+        run(colocated_plan(), cfg.replace(task={"name": "countdown"}), progress=False)

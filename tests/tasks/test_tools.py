@@ -1,0 +1,124 @@
+"""Tools: the JSON schema from a signature and docstring, argument checks, and calls that never hang."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Literal
+
+import pytest
+
+from rpeg.errors import RpegError
+from rpeg.tasks.calculator import calc
+from rpeg.tasks.chat import PlainFormat, TemplateFormat
+from rpeg.tasks.tools import call, check_arguments, tool
+
+
+@tool(timeout_s=0.2, max_output_chars=20)
+def lookup(city: str, unit: Literal["c", "f"] = "c", days: int | None = None, tags: list[str] | None = None) -> str:
+    """Weather for a city.
+
+    Args:
+        city: the city's name
+        unit: c or f
+        days (int): how many days ahead, counted
+            from today
+    """
+    if city == "slow":
+        time.sleep(1.0)
+    if city == "boom":
+        raise KeyError(city)
+    return city * 10
+
+
+def test_schema_comes_from_signature_and_docstring():
+    assert lookup.schema == {"type": "function", "function": {
+        "name": "lookup", "description": "Weather for a city.",
+        "parameters": {"type": "object", "required": ["city"], "properties": {
+            "city": {"type": "string", "description": "the city's name"},
+            "unit": {"type": "string", "enum": ["c", "f"], "description": "c or f"},
+            "days": {"type": "integer", "description": "how many days ahead, counted from today"},
+            "tags": {"type": "array", "items": {"type": "string"}}}}}}
+
+
+def test_untyped_or_variadic_parameters_are_refused_by_name():
+    with pytest.raises(RpegError, match="parameter 'x': needs a type hint"):
+        tool(lambda x: x)
+    with pytest.raises(RpegError, match=r"\*args and \*\*kwargs"):
+        tool(lambda *a: a)
+    with pytest.raises(RpegError, match="timeout_s must be > 0"):
+        tool(timeout_s=0)(calc.fn)
+
+
+def test_arguments_are_checked_against_the_schema():
+    assert check_arguments(lookup, {"city": "x"}) is None
+    assert "missing argument 'city'" in check_arguments(lookup, {})
+    assert "unknown argument 'town'" in check_arguments(lookup, {"city": "x", "town": "y"})
+    assert "must be integer, got bool" in check_arguments(lookup, {"city": "x", "days": True})
+    assert "must be one of ['c', 'f']" in check_arguments(lookup, {"city": "x", "unit": "k"})
+
+
+def test_calls_become_observations_whatever_happens():
+    async def go():
+        start = time.perf_counter()
+        out = [await call(lookup, a) for a in ({"city": "abc"}, {"city": "boom"}, {"city": "slow"}, {})]
+        return out, time.perf_counter() - start
+
+    ((ok, good), (boom, b), (slow, s), (bad, _)), took = asyncio.run(go())
+    assert took < 0.9  # the slow call (1 s) was abandoned at its 0.2 s timeout
+    assert good and ok == "abcabcabcabcabcabcab... [10 more characters cut]"
+    assert not b and boom == "error: lookup: KeyError: 'boom'"
+    assert not s and slow == "error: lookup timed out after 0.2 s"
+    assert bad == "error: lookup: missing argument 'city'"
+
+
+def test_calculator_is_exact_and_refuses_anything_else():
+    assert calc.fn("347*58") == "20126"
+    assert calc.fn("(7+5)/4") == "3"
+    assert calc.fn("1/3") == "0.333333"
+    for bad in ("__import__('os')", "2**100", "9999999*9999999", "1/0", "x+1"):
+        with pytest.raises((ValueError, ZeroDivisionError)):
+            calc.fn(bad)
+
+
+def test_plain_format_reads_calls_with_nested_parentheses_and_positions():
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add."""
+        return a + b
+
+    f = PlainFormat()
+    calls = f.tool_calls("first add(2, 3) then calc(3*(4+5))", (calc, add))
+    assert [(c.name, c.arguments) for c in calls] == [("add", {"a": 2, "b": 3}), ("calc", {"expression": "3*(4+5)"})]
+    assert f.tool_calls("add(x, 1)", (add,))[0].error == "argument 'a' must be integer, got 'x'"
+    assert f.tool_calls("the answer is 12", (calc, add)) == []
+    assert f.observation([{"role": "tool", "content": "12"}]) == "\n> 12\n"
+
+
+class _Tok:
+    """A tokenizer stand-in with a Qwen-like template (only what TemplateFormat calls)."""
+
+    chat_template = "qwen-like"
+
+    def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=False):
+        out = "<|im_start|>system\ntools: " + ",".join(t["function"]["name"] for t in tools) + "<|im_end|>\n" \
+            if tools else ""
+        for m in messages:
+            body = f"<tool_response>{m['content']}</tool_response>" if m["role"] == "tool" else m["content"]
+            out += f"<|im_start|>{'user' if m['role'] == 'tool' else m['role']}\n{body}<|im_end|>\n"
+        return out + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+def test_template_format_appends_only_the_observation_and_reads_json_calls():
+    f = TemplateFormat(_Tok())
+    assert f.opening([{"role": "user", "content": "hi"}], (calc,)) == \
+        "<|im_start|>system\ntools: calc<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert f.observation([{"role": "tool", "content": "7"}]) == \
+        "<|im_start|>user\n<tool_response>7</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    calls = f.tool_calls('ok <tool_call>{"name": "calc", "arguments": {"expression": "1+2"}}</tool_call>'
+                         '<tool_call>{"name": "web"}</tool_call><tool_call>{bad</tool_call>', (calc,))
+    assert calls[0].arguments == {"expression": "1+2"} and calls[0].error is None
+    assert calls[1].error == "unknown tool 'web' (known: calc)"
+    assert calls[2].error.startswith("the tool call is not JSON")
+    with pytest.raises(RpegError, match="no chat template"):
+        TemplateFormat(object())
