@@ -8,6 +8,12 @@ timeline, first steps dropped as warm-up) with what the model predicted for the 
 JSON; `ratio` is predicted / measured (1 is exact, above 1 the model is pessimistic).
 
     .venv/bin/python benchmarks/cpu_local_prediction.py [--steps 40]
+
+The multi-turn agent job (docs/agents.md) keeps its own warm-up, so the model calls its tool, and drops
+the RL steps before it calls it in nearly every episode (the job's `episode` says 2 turns):
+
+    .venv/bin/python benchmarks/cpu_local_prediction.py --job examples/agent-calculator-tiny.yaml \
+        --keep-warmup --skip 40 --steps 40
 """
 
 from __future__ import annotations
@@ -29,7 +35,10 @@ WARMUP_STEPS = 5
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--job", default="examples/demo-grpo-tiny.yaml")
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=40, help="steps measured")
+    ap.add_argument("--skip", type=int, default=WARMUP_STEPS, help="RL steps run first and not measured")
+    ap.add_argument("--keep-warmup", action="store_true",
+                    help="the job's own supervised warm-up (its target) instead of 300 steps")
     ap.add_argument("--reuse-calibration", action="store_true",
                     help="predict with the cpu-local file that exists instead of measuring it first, in this run")
     args = ap.parse_args()
@@ -39,21 +48,24 @@ def main() -> None:
         calibrate()
     spec = load_spec(args.job)
     _, cluster, gpus = spec.cluster_and_gpus(default="cpu-local")
-    rt = from_data(RuntimeConfig, spec.runtime, "runtime").replace(
-        steps=args.steps + WARMUP_STEPS, warmup_sft_steps=300, eval_every=0, eval_size=20, checkpoint_every=0,
-        out=tempfile.mkdtemp(prefix="rpeg-bench-"))
+    rt = from_data(RuntimeConfig, spec.runtime, "runtime")
+    rt = rt.replace(steps=args.steps + args.skip, eval_every=0, eval_size=20, checkpoint_every=0,
+                    out=tempfile.mkdtemp(prefix="rpeg-bench-"),
+                    **({} if args.keep_warmup else {"warmup_sft_steps": 300}))
     cand = runnable_plan(spec.graph(), cluster, gpus, micro_batch=rt.micro_batch)
     result = run(cand.graph, rt, progress=False)
-    kept = [m for m in result.metrics if m["step"] > WARMUP_STEPS]
+    kept = [m for m in result.metrics if m["step"] > args.skip]
     measured_step = statistics.mean(m["step_s"] for m in kept)
     stages: dict[str, list[float]] = {}
     for r in result.timeline.records:
-        if r.step >= WARMUP_STEPS:
+        if r.step >= args.skip:
             stages.setdefault(r.unit, []).append(r.end - r.start)
     measured = {k: statistics.mean(v) for k, v in stages.items()}
     predicted = {k: c.seconds for k, c in cand.prediction.stages.items() if k in measured}
+    episodes = {k: round(statistics.mean(m[k] for m in kept), 3) for k in ("turns_mean", "tool_calls_mean")
+                if all(k in m for m in kept)}
     print(json.dumps({
-        "job": args.job, "plan": cand.name, "device": cluster.device.name,
+        "job": args.job, "plan": cand.name, "device": cluster.device.name, **episodes,
         "device_gflop_per_s": round(cluster.device.flop_per_s("bf16") / 1e9, 1),
         "steps_measured": len(kept),
         "step_s": {"predicted": round(cand.step_s, 3), "measured": round(measured_step, 3),

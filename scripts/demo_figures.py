@@ -3,11 +3,15 @@
     python scripts/demo_figures.py table RUN [RUN ...]            # print the Markdown table
     python scripts/demo_figures.py table RUN [RUN ...] --write README.md docs/runtime.md
     python scripts/demo_figures.py check RUN --min-gain 0.15 --min-z 6
+    python scripts/demo_figures.py table RUN ... --block agent-figures --write README.md docs/agents.md
+    python scripts/demo_figures.py check RUN --min-gain 0.3 --min-z 10 --min-tool-gain 0.3
 
 RUN is a run's output folder (`rpeg train --out RUN`) or its summary.json. `--write` replaces the
-text between `<!-- demo-figures:start -->` and `<!-- demo-figures:end -->` in each file, so the
-figures there are always the ones a run produced. `check` fails (exit 1) unless held-out sampled
-accuracy rose by at least `--min-gain` and by at least `--min-z` standard errors.
+text between `<!-- BLOCK:start -->` and `<!-- BLOCK:end -->` (BLOCK: `--block`, `demo-figures` by
+default) in each file, so the figures there are always the ones a run produced. `check` fails (exit 1)
+unless held-out sampled accuracy rose by at least `--min-gain` and by at least `--min-z` standard
+errors, and, with `--min-tool-gain`, the held-out tool calls per episode rose by at least that much.
+A run with an environment (runtime.environment) gets a column of its tool calls per held-out episode.
 
 The standard error of a gain is that of two independent binomial proportions on `eval_size`
 problems each, sqrt(p0 (1 - p0) / n + p1 (1 - p1) / n). The two evaluations use the same problems,
@@ -22,7 +26,8 @@ import math
 import os
 import sys
 
-START, END = "<!-- demo-figures:start -->", "<!-- demo-figures:end -->"
+def markers(block: str) -> tuple[str, str]:
+    return f"<!-- {block}:start -->", f"<!-- {block}:end -->"
 
 
 class Bad(Exception):
@@ -53,18 +58,21 @@ def _minutes(seconds: float) -> str:
 
 
 def table(summaries: list[dict]) -> str:
+    tools = all("sampled_tool_calls" in s["accuracy_before"] for s in summaries)
     rows = ["| seed | threads | warm-up steps | dev acc. at stop | sampled before -> after | gain (z) "
-            "| greedy before -> after | s per RL step | wall |",
-            "|---:|---:|---:|---:|---|---|---|---:|---:|"]
+            "| greedy before -> after |" + (" tool calls per episode, before -> after |" if tools else "")
+            + " s per RL step | wall |",
+            "|---:|---:|---:|---:|---|---|---|" + ("---|" if tools else "") + "---:|---:|"]
     for s in summaries:
         w = s.get("warmup") or {}
         g, se = gain(s)
         b, a = s["accuracy_before"], s["accuracy_after"]
         dev = w.get("dev_accuracy")
+        calls = f" {b['sampled_tool_calls']:.3f} -> {a['sampled_tool_calls']:.3f} |" if tools else ""
         rows.append(f"| {s.get('seed', '?')} | {s.get('threads', '?')} | {w.get('steps', 0)} "
                     f"| {'-' if dev is None else f'{dev:.3f}'} | {b['sampled']:.3f} -> {a['sampled']:.3f} "
-                    f"| {g:+.3f} ({g / se:.1f}) | {b['greedy']:.3f} -> {a['greedy']:.3f} "
-                    f"| {s['mean_step_s']:.2f} | {_minutes(s.get('wall_s', 0.0))} |")
+                    f"| {g:+.3f} ({g / se:.1f}) | {b['greedy']:.3f} -> {a['greedy']:.3f} |{calls}"
+                    f" {s['mean_step_s']:.2f} | {_minutes(s.get('wall_s', 0.0))} |")
     gains = [gain(s)[0] for s in summaries]
     n = summaries[0]["eval_size"]
     rows.append("")
@@ -74,7 +82,8 @@ def table(summaries: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def write(text: str, path: str) -> None:
+def write(text: str, path: str, block: str = "demo-figures") -> None:
+    START, END = markers(block)
     try:
         with open(path, encoding="utf-8") as fh:
             doc = fh.read()
@@ -88,10 +97,16 @@ def write(text: str, path: str) -> None:
         fh.write(f"{head}{START}\n{text}\n{END}{tail}")
 
 
-def check(s: dict, min_gain: float, min_z: float) -> list[str]:
+def check(s: dict, min_gain: float, min_z: float, min_tool_gain: float | None = None) -> list[str]:
     """The reasons the run fails the check (none: it passes)."""
     g, se = gain(s)
     out = []
+    if min_tool_gain is not None:
+        b, a = s["accuracy_before"].get("sampled_tool_calls"), s["accuracy_after"].get("sampled_tool_calls")
+        if b is None or a is None:
+            out.append("the run has no tool-call figures (it ran no environment)")
+        elif a - b < min_tool_gain:
+            out.append(f"tool calls per held-out episode rose by {a - b:+.3f}, less than {min_tool_gain}")
     if g < min_gain:
         out.append(f"held-out sampled accuracy rose by {g:+.3f}, less than {min_gain}")
     if se > 0 and g / se < min_z:
@@ -105,24 +120,28 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("table", help="the Markdown table of one or more runs")
     t.add_argument("runs", nargs="+")
     t.add_argument("--write", nargs="*", default=[], metavar="FILE", help="replace the figures block in these files")
+    t.add_argument("--block", default="demo-figures", help="the marker name of the block --write replaces")
     c = sub.add_parser("check", help="fail unless held-out sampled accuracy rose by the margin")
     c.add_argument("run")
     c.add_argument("--min-gain", type=float, required=True)
     c.add_argument("--min-z", type=float, default=0.0)
+    c.add_argument("--min-tool-gain", type=float, default=None, help="also the least rise in tool calls per episode")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "table":
             text = table([load(r) for r in args.runs])
             for path in args.write:
-                write(text, path)
+                write(text, path, args.block)
             print(text)
             return 0
         s = load(args.run)
         b, a = s["accuracy_before"], s["accuracy_after"]
         g, se = gain(s)
+        calls = (f", tool calls per episode {b['sampled_tool_calls']:.3f} -> {a['sampled_tool_calls']:.3f}"
+                 if "sampled_tool_calls" in b and "sampled_tool_calls" in a else "")
         print(f"held-out sampled accuracy {b['sampled']:.3f} -> {a['sampled']:.3f} ({g:+.3f}, {g / se:.1f} "
-              f"standard errors), greedy {b['greedy']:.3f} -> {a['greedy']:.3f}")
-        fails = check(s, args.min_gain, args.min_z)
+              f"standard errors), greedy {b['greedy']:.3f} -> {a['greedy']:.3f}{calls}")
+        fails = check(s, args.min_gain, args.min_z, args.min_tool_gain)
         for f in fails:
             print(f"demo check failed: {f}")
         return 1 if fails else 0

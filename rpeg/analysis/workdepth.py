@@ -8,7 +8,10 @@ per decode iteration and the KV cache of every context token). Depth D is the cr
 
 - generation: (1 prefill + the longest response of the batch - 1) x layers (the prefill samples
   the first token, each decode step one more): decoding is sequential in tokens, so the tail of
-  the length distribution, not its mean, sets the depth;
+  the length distribution, not its mean, sets the depth. A multi-turn episode (job.episode) decodes
+  only its sampled tokens and prefills each observation before the next reply: (turns prefills + the
+  longest episode's sampled tokens - turns) x layers; its tool calls wait in wall seconds, not layer
+  steps, so they are reported beside the depth (`wait_s`: turns - 1 calls of the longest episode);
 - inference: layers/pp x (micro-batches + pp - 1) (micro-batches of one stage run in sequence on
   its devices; pipeline parallelism overlaps them);
 - training: per optimizer step, forward + backward (+ recomputation) over the micro-batches of a
@@ -49,6 +52,7 @@ class StageWorkDepth:
     flops: float
     bytes: float
     depth: float  # layer steps
+    wait_s: float = 0.0  # a multi-turn episode's tool calls on the stage's critical path (wall seconds)
 
     @property
     def parallelism(self) -> float:
@@ -116,8 +120,14 @@ def _stage(g: Graph, s: Stage) -> StageWorkDepth:
         kv_reads = n * (max(0.0, e_r - 1) * job.prompt_len + (e_r2 - e_r) / 2) * kv_bytes  # r - 1 decode steps
         weights = spec.params_total() * BYTES_PER_PARAM
         passes = max(1.0, longest)  # the prefill, then longest - 1 decode steps
+        ep, wait = job.episode, 0.0
+        if ep is not None and ep.tool_turns > 0:
+            # per turn a prefill, then that turn's sampled tokens less one: the episode's sampled share
+            sampled = longest * (1.0 - ep.observed() / resp.mean)
+            passes = max(ep.turns, sampled)
+            wait = ep.tool_turns * ep.tool_latency_s
         return StageWorkDepth(s.name, s.kind, s.model, flops, passes * weights + kv_reads + field_bytes,
-                              passes * spec.layers)
+                              passes * spec.layers, wait)
     if s.kind in (Kind.INFER, Kind.REWARD) and spec is not None:
         flops = n * expected_forward_flops(spec, job.prompt_len, job.response, value_head=_scalar_head(g, s))
         weights = spec.params_total() * BYTES_PER_PARAM

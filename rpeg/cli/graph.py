@@ -89,7 +89,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         print_json({
             "algorithm": g.algorithm, "model": spec.models.actor.name,
             "stages": [{"stage": s.stage, "kind": s.kind.value, "flops": s.flops, "bytes": s.bytes,
-                        "depth": s.depth, "parallelism": s.parallelism} for s in wd.stages],
+                        "depth": s.depth, "parallelism": s.parallelism,
+                        **({"tool_wait_s": s.wait_s} if s.wait_s else {})} for s in wd.stages],
             "total": {"flops": wd.flops, "bytes": wd.bytes, "depth": wd.depth, "parallelism": wd.parallelism,
                       "critical_path": list(wd.critical_path)},
             "async": rows})
@@ -104,6 +105,11 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     print(table(["stage", "kind", "model", "work W", "share", "bytes", "depth D", "W/D"], body,
                 right=[3, 4, 5, 6, 7]))
     print(f"critical path: {' -> '.join(wd.critical_path)}")
+    waits = [(s.stage, s.wait_s) for s in wd.stages if s.wait_s > 0]
+    if waits:
+        ep = g.job.episode
+        print("tool waits beside the depth (wall seconds, not layer steps): " + ", ".join(
+            f"{name} {w:g} s ({ep.tool_turns:g} calls x {ep.tool_latency_s:g} s)" for name, w in waits))
     print(f"\nasynchrony over {args.steps} steps (weights of step t - k feed generation at step t)")
     print(table(["k", "depth of all steps", "depth per step", "vs k=0", "W/D"],
                 [[r["k"], f"{r['depth']:,.0f}", f"{r['depth_per_step']:,.0f}",

@@ -13,6 +13,7 @@ from functools import cache
 from typing import Literal
 
 from rpeg.errors import RpegError
+from rpeg.graph.episode import Episode
 from rpeg.graph.bounds import (MAX_EPOCHS, MAX_MINI_BATCHES, MAX_POINTS, MAX_PROMPTS, MAX_SAMPLES, MAX_SIGMA,
                                MAX_TOKENS, MIN_SIGMA, problem, problems)
 
@@ -267,6 +268,7 @@ class Job:
     response: LengthDistribution = field(default_factory=lambda: LengthDistribution.fixed(1024))
     ppo_epochs: int = 1
     mini_batches: int = 1
+    episode: Episode | None = None  # multi-turn rollouts: how `response` splits into turns (graph/episode.py)
 
     def __post_init__(self) -> None:
         bad = problems([problem("prompts", self.prompts, positive=True, maximum=MAX_PROMPTS),
@@ -277,6 +279,9 @@ class Job:
                                 why="optimizer steps per epoch; published jobs take 1-64")])
         if not bad and self.mini_batches > self.sequences:
             bad.append(f"mini_batches = {self.mini_batches} exceeds the {self.sequences} sequences per step")
+        if not bad and self.episode is not None and self.episode.observed() >= self.response.mean:
+            bad.append(f"episode: {self.episode.tool_turns:g} tool turns x {self.episode.observation_tokens:g} "
+                       f"observation tokens leave nothing of the {self.response.mean:g}-token response to sample")
         if bad:
             raise RpegError("job: " + "; ".join(bad))
 
@@ -298,4 +303,5 @@ class Job:
     def describe(self) -> str:
         return (f"{self.prompts} prompts x {self.samples_per_prompt} samples = {self.sequences} sequences, "
                 f"prompt {self.prompt_len} + response {self.response.describe()} tokens, "
-                f"{self.ppo_epochs} epoch(s) x {self.mini_batches} mini-batch(es)")
+                f"{self.ppo_epochs} epoch(s) x {self.mini_batches} mini-batch(es)"
+                + (f"; episodes of {self.episode.describe()}" if self.episode else ""))

@@ -43,7 +43,7 @@ from rpeg.graph.serde import from_data, parse_yaml
 from rpeg.interop.areal_alloc import Engine, parse_allocation, parse_engine
 from rpeg.interop.common import (
     defaults_of, hf_name, one_pass_each, resize,
-    Exported, Imported, Notes, PlanView, config_tuple, model_preset, response_of, stage_names,
+    Exported, Imported, Notes, PlanView, config_tuple, episode_of, model_preset, response_of, stage_names,
 )
 
 SYSTEM = "areal"
@@ -107,6 +107,7 @@ def read(text: str, source: str, *, model: str | None = None, response_mean: flo
                         "train_dataset)")
     flat = _flatten(data)
     notes = Notes()
+    read_keys: set[str] = set()  # read here beyond _READ
 
     def get(key: str, default: Any = None) -> Any:
         v = flat.get(key, default)
@@ -188,8 +189,17 @@ def read(text: str, source: str, *, model: str | None = None, response_mean: flo
     if prompt_len is None:
         prompt_len = 1024
         notes.assume("prompts: train_dataset.max_length is not set; assumed prompts of up to 1024 tokens")
-    job = from_data(Job, {"prompts": prompts, "samples_per_prompt": samples, "prompt_len": int(prompt_len),
-                          "response": response_of(max_new, response_mean, notes), "mini_batches": mini}, source)
+    response = response_of(max_new, response_mean, notes)
+    job_data = {"prompts": prompts, "samples_per_prompt": samples, "prompt_len": int(prompt_len),
+                "response": response, "mini_batches": mini}
+    # an agent workflow's cap on turns (`max_turns`, top level or in its section: AReaL's multi-turn and
+    # search-agent examples): multi-turn episodes
+    turn_keys = sorted(k for k in flat if k.rsplit(".", 1)[-1] == "max_turns")
+    if turn_keys:
+        cap = whole(turn_keys[0])
+        read_keys.update(turn_keys)
+        job_data["episode"] = episode_of(cap, None, response, notes, turn_keys[0])
+    job = from_data(Job, job_data, source)
     seq = int(prompt_len) + max_new
 
     actor = model_preset(get("actor.path"), "actor.path", model, notes=notes)
@@ -263,7 +273,7 @@ def read(text: str, source: str, *, model: str | None = None, response_mean: flo
     if cluster is None:
         notes.assume("the devices: an AReaL config does not name their kind; --cluster sets it (default dgx-h100)")
     for key, value in flat.items():
-        if key in _READ or (isinstance(value, str) and value.startswith("${")):
+        if key in _READ or key in read_keys or (isinstance(value, str) and value.startswith("${")):
             continue
         why = next((w for p, w in _NOT_PLAN if key == p or key.startswith(p + ".") or key.startswith(p)), None)
         notes.skip(key, value, (why + ": not part of the plan") if why and "plan" not in why else

@@ -299,6 +299,31 @@ def response_of(max_tokens: int, mean: float | None, notes: Notes) -> dict[str, 
     return {"kind": "lognormal", "mean": float(mean), "max": int(max_tokens)}
 
 
+# Multi-turn jobs: a peer's config caps an episode's turns and each tool response; the mean turn count
+# and the tools' latency are the run's, not the config's. Without them the importer assumes the least
+# a tool-using episode has (one tool call, then the answer: 2 replies), observations at their cap (but
+# at most half of the response's mean, so replies keep tokens to sample) and an instant tool, and says so.
+ASSUMED_TURNS = 2
+
+
+def episode_of(max_turns: int, observation_cap: float | None, response: dict[str, Any], notes: Notes,
+               where: str) -> dict[str, Any]:
+    """Job.episode's data for a peer's multi-turn settings (`where` names the keys for the notes)."""
+    from rpeg.graph.episode import MAX_TURNS
+
+    cap = max(1, min(int(max_turns), MAX_TURNS))
+    turns = min(ASSUMED_TURNS, cap)
+    if turns <= 1:
+        return {"turns": 1.0, "max_turns": cap}
+    obs = float(observation_cap) if observation_cap is not None else 0.0
+    obs = min(obs, response["mean"] / 2 / (turns - 1))
+    notes.assume(f"{where}: multi-turn episodes of at most {cap} replies; the config gives caps only, so the plan "
+                 f"assumes {turns} replies (one tool call or observation between them), {obs:g} observation tokens "
+                 f"each and an instant tool: set job.episode (turns, observation_tokens, tool_latency_s) to what "
+                 f"your runs measure")
+    return {"turns": float(turns), "max_turns": cap, "observation_tokens": obs}
+
+
 def stage_names(algorithm: str, *, critic: bool, reference: bool, reward_model: bool, share: bool) -> list[str]:
     """The model stages the algorithm's graph has for these models (the order the algorithm builds them)."""
     from rpeg.algorithms import Models, build_graph

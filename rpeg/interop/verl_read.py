@@ -18,7 +18,7 @@ from rpeg.graph import Job, ParallelLayout
 from rpeg.graph import get_model
 from rpeg.graph.serde import from_data, parse_yaml
 from rpeg.interop.common import (
-    Imported, Notes, PlanView, config_tuple, model_preset, response_of, script_command, stage_names,
+    Imported, Notes, PlanView, config_tuple, episode_of, model_preset, response_of, script_command, stage_names,
 )
 from rpeg.interop.shell import is_unknown
 from rpeg.interop.verl_keys import (
@@ -207,9 +207,13 @@ def _from_config(cfg: dict[str, Any], mode: str, megatron: bool, source: str, *,
                        "dynamic sampling (algorithm.filter_groups) only")
     prompt_len = c.num("data.max_prompt_length")
     max_response = c.num("data.max_response_length")
-    job = from_data(Job, {"prompts": prompts, "samples_per_prompt": samples, "prompt_len": prompt_len,
-                          "response": response_of(max_response, response_mean, notes),
-                          "ppo_epochs": c.num(A + "ppo_epochs"), "mini_batches": mini_batches}, source)
+    response = response_of(max_response, response_mean, notes)
+    job_data = {"prompts": prompts, "samples_per_prompt": samples, "prompt_len": prompt_len, "response": response,
+                "ppo_epochs": c.num(A + "ppo_epochs"), "mini_batches": mini_batches}
+    episode = _multi_turn(c, prompt_len + max_response, response, notes)
+    if episode is not None:
+        job_data["episode"] = episode
+    job = from_data(Job, job_data, source)
     seq = prompt_len + max_response
 
     # the models
@@ -358,6 +362,26 @@ def _from_config(cfg: dict[str, Any], mode: str, megatron: bool, source: str, *,
     _note_rest(cfg, c.used, notes, uses_ref=uses_ref, has_critic=has_critic)
     return Imported(system=SYSTEM, mode=mode, view=view, unmapped=tuple(notes.unmapped), assumed=tuple(notes.assumed),
                     source=source)
+
+
+def _multi_turn(c: _Config, max_length: int, response: dict, notes) -> dict | None:
+    """verl's multi-turn rollout (rollout.multi_turn, the AgentLoop): its caps as Job.episode, or None."""
+    M = "actor_rollout_ref.rollout.multi_turn."
+    if not c.has(M + "enable") or not c.flag(M + "enable"):
+        return None
+    turns = c.get(M + "max_assistant_turns")
+    # verl's default: no limit, which its rollout reads as max_length // 3 (rollout.yaml)
+    cap = max_length // 3 if turns is None else c.num(M + "max_assistant_turns")
+    obs = c.num(M + "max_tool_response_length") if c.has(M + "max_tool_response_length") else 256
+    for key, why in (("max_user_turns", "replies of a simulated user: counted as observations"),
+                     ("max_parallel_calls", "tool calls per reply: their latency overlaps, as one call's"),
+                     ("tool_config_path", "the tools themselves: their latency is job.episode.tool_latency_s"),
+                     ("function_tool_path", "the tools themselves: their latency is job.episode.tool_latency_s"),
+                     ("format", "the chat format: its tokens count in the response"),
+                     ("tool_response_truncate_side", "which side of a long tool response is cut: not a cost")):
+        if c.has(M + key):
+            c.skip(notes, M + key, why)
+    return episode_of(cap, obs, response, notes, M + "max_assistant_turns")
 
 
 def _logits(c: _Config, A: str, strategy: str, entropy_coef: float) -> tuple[str, str]:

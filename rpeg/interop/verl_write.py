@@ -362,6 +362,8 @@ def overrides(view: PlanView) -> tuple[str, list[str], str]:
     g = lay["generate"]
     out += [f"{R}name=vllm", f"{R}tensor_model_parallel_size={g.tp}", f"{R}pipeline_model_parallel_size={g.pp}"]
     out.append(f"{R}max_num_seqs={g.max_seqs}")  # set by project (_engine_seqs)
+    if job.episode is not None and job.episode.max_turns > 1:  # the agent loop, with the job's cap on replies
+        out += [f"{R}multi_turn.enable=True", f"{R}multi_turn.max_assistant_turns={job.episode.max_turns}"]
     if "critic_update" in lay:
         cu, cv = lay["critic_update"], lay["critic_values"]
         out += ["critic.enable=True", f"critic.model.path={hf_name(v.critic or v.actor)}",

@@ -36,11 +36,13 @@ counted in the decode and prefill lines).
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from dataclasses import dataclass
 
 from rpeg.errors import RpegError
+from rpeg.graph.episode import Episode
 from rpeg.graph.job import LengthDistribution
 from rpeg.graph.layout import ParallelLayout
 from rpeg.graph.model import ModelSpec
@@ -115,6 +117,58 @@ class GenWorkload:
     partial: bool = False  # partial rollout: the engine never drains between steps (passes/rollout.py)
     in_flight: int = 1  # steps whose sequences the engine may hold at once (Graph.in_flight); > 1: never drains
     refill: bool = False  # the next step's prompts enter as this step's finish (Graph.refill): never drains
+    episode: Episode | None = None  # multi-turn: `response` is sampled plus observation tokens (graph/episode.py)
+    async_bound: int = 0  # k: steps a sample may lag (an episode carried across steps spans up to k + 1)
+
+
+def sampled_response(work: GenWorkload) -> LengthDistribution:
+    """The tokens the engine samples per episode: the response less its observation tokens, every length
+    scaled by the same share (a multi-turn job's lengths are given for the whole response)."""
+    ep = work.episode
+    if ep is None or ep.observed() <= 0:
+        return work.response
+    d = work.response
+    mean = d.mean - ep.observed()
+    share = mean / d.mean
+    cap = max(1, round(d.max * share))
+    if d.kind == "fixed":
+        return LengthDistribution.fixed(max(1.0, mean))
+    if d.kind == "uniform":
+        return dataclasses.replace(d, min=max(1, round(d.min * share)), max=max(cap, round(d.min * share), 1))
+    if d.kind == "empirical":
+        return dataclasses.replace(d, points=tuple(max(1, round(x * share)) for x in d.points), max=0)
+    return dataclasses.replace(d, mean=mean, max=cap)
+
+
+def episode_parts(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, work: GenWorkload,
+                  n: float, spread: int = 1) -> dict[str, float]:
+    """What a multi-turn step adds to an engine's `n` episodes, beyond decoding their sampled tokens:
+
+    - observation prefill: each tool turn's observation tokens are prefilled before the next reply
+      (with the prefix cache, only they; without it, the whole context so far, every turn: the hf
+      engine's case, and vLLM's with enable_prefix_caching off);
+    - tool waits: the episode that finishes last waits for each of its tool calls with nothing left to
+      hide them behind, so its `turns - 1` calls' latency is on the step's critical path (the depth term
+      of the work-depth view: turns x tokens per turn plus tool latency). Other episodes' waits overlap
+      decoding: vLLM frees a request's batch slot when its turn ends, and the hf engine batches the turns
+      that are ready (runtime/agent_engine.py). An engine that never drains (partial rollout, several
+      steps in flight, refill) carries an episode across steps: it may span the k + 1 steps the
+      staleness bound allows, so its waits are spread over them, 1 / (k + 1) a step (`spread`); a wait
+      longer than that stretches the steps (or, in the peers, drops the episode as too stale)."""
+    ep = work.episode
+    k = ep.tool_turns
+    if k <= 0:
+        return {}
+    per_turn = sampled_response(work).mean / ep.turns + ep.observation_tokens
+    if ep.prefix_cache:
+        tokens = k * ep.observation_tokens
+        context = work.prompt_len + ep.turns * per_turn / 2
+    else:  # turn j (1..k) prefills the prompt and j turns of reply and observation again
+        tokens = k * work.prompt_len + per_turn * k * (k + 1) / 2
+        context = tokens / k
+    prefill = _prefill_s(spec, layout, cluster, n * tokens, context, work.dtype, n * k) if tokens > 0 else 0.0
+    waits = k * ep.tool_latency_s / spread
+    return {"observation prefill": prefill, "tool waits (critical path)": waits}
 
 
 def response_lengths(dist: LengthDistribution, n: int) -> list[float]:
@@ -333,6 +387,9 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
                          parts=(("does not fit", math.inf),))
     kw = dict(prompt=work.prompt_len, capacity_tokens=capacity, dtype=work.dtype)
     max_seqs = engine_max_seqs(layout, dev)
+    full = work
+    if work.episode is not None:  # decode the sampled tokens only; observations are prefilled (episode_parts)
+        work = dataclasses.replace(work, response=sampled_response(work))
     if work.partial:
         # Never draining: a step costs what one more step's sequences add to an engine that keeps
         # running, T(2n) - T(n), its batch kept full (responses carried across steps); the tail of
@@ -359,9 +416,12 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
     sim = {k: v * scale for k, v in sim.items()}
     if work.partial:  # once per step, whatever the number of simulated waves
         sim["recompute carried KV cache"] = carried_recompute_s(spec, layout, cluster, work, capacity, n)
+    spread = work.async_bound + 1 if work.partial or work.in_flight > 1 or work.refill else 1
+    turns = episode_parts(spec, layout, cluster, full, n, spread) if full.episode is not None else {}
+    sim |= turns
     keys = ("prefill", "decode", "tensor-parallel comm", "engine step overhead") + (
         ("output processing",) if layout.inline_output or sim["output processing"] > 0 else ()) + (
-        ("recompute carried KV cache",) if work.partial else ())
+        ("recompute carried KV cache",) if work.partial else ()) + tuple(turns)
     parts = tuple((k, sim[k]) for k in keys)
     seconds = sum(v for _, v in parts)
     flops = work.sequences * expected_generation_flops(spec, work.prompt_len, work.response)

@@ -91,7 +91,8 @@ def stage_cost(graph: Graph, stage: Stage, cluster: Cluster) -> StageCost:
     if stage.kind is Kind.GENERATE:
         work = GenWorkload(sequences=graph.stage_sequences(stage), prompt_len=graph.job.prompt_len,
                            response=graph.job.response, partial=graph.partial_rollout,
-                           in_flight=graph.in_flight, refill=graph.refill)
+                           in_flight=graph.in_flight, refill=graph.refill, episode=graph.job.episode,
+                           async_bound=graph.async_bound)
         colocated = _shares_with_training(graph, stage)
         # the engine alone; what the trainers keep beside it is summed per device (rpeg/perf/residency.py)
         cost = generation_cost(stage.name, spec, stage.layout, cluster, work, colocated=colocated)

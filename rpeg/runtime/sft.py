@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,10 +54,13 @@ class WarmupResult:
 def supervised_warmup(model, tokenizer, problems: list[Problem], *, steps: int, lr: float, batch: int, seed: int,
                       target: float = 0.0, check: Callable[[], float] | None = None, check_every: int = 20,
                       on_step: Callable[[int, float, float | None], None] | None = None,
-                      chat: bool = False) -> WarmupResult:
+                      chat: bool = False, demonstrate: Callable | None = None) -> WarmupResult:
     """Train on prompt + answer + <eos> with the loss on the answer tokens. With `target > 0`,
     `check()` (the dev accuracy) runs every `check_every` steps and the warm-up stops once it is
-    >= `target`; `on_step(step, loss, dev accuracy or None)` reports every step (a progress bar)."""
+    >= `target`; `on_step(step, loss, dev accuracy or None)` reports every step (a progress bar).
+    `demonstrate(problem, rng)`: a multi-turn environment's demonstration instead of the bare answer,
+    as (text, trained) segments (text None: the end token); untrained segments (observations) are read
+    but carry no loss, as in RL."""
     result = WarmupResult(target=target)
     if steps <= 0 or not problems:
         return result
@@ -67,9 +71,15 @@ def supervised_warmup(model, tokenizer, problems: list[Problem], *, steps: int, 
     decay = (lambda s: 1.0) if target > 0 else (lambda s: 1.0 - s / max(steps, 1))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, decay)
     encoded = []
+    rng = random.Random(seed)
     for p, prompt in zip(problems, prompt_ids(tokenizer, [p.prompt for p in problems], chat)):
-        answer = tokenizer(p.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        encoded.append((prompt, answer))
+        segments = demonstrate(p, rng) if demonstrate else [(p.answer, True), (None, True)]
+        ids, trained = [], []
+        for text, on in segments:
+            part = [tokenizer.eos_token_id] if text is None else tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids += part
+            trained += [on] * len(part)
+        encoded.append((prompt, ids, trained))
     model.train()
     for step in range(1, steps + 1):
         idx = torch.randint(len(encoded), (batch,), generator=gen).tolist()
@@ -126,10 +136,12 @@ def prepare_model(rt: RuntimeConfig, task, out: str, resume: bool, progress: boo
         t0 = time.time()
         bar = WarmupBar(rt.warmup_sft_steps, rt.warmup_target, progress)
         try:
+            env = rt.env_spec(task)
+            demonstrate = env.factory()().demonstration if env is not None else None
             result = supervised_warmup(model, tok, train, steps=rt.warmup_sft_steps, lr=rt.sft_lr,
                                        batch=rt.sft_batch, seed=rt.seed, target=rt.warmup_target,
                                        check_every=rt.warmup_check_every, on_step=bar.update, chat=rt.chat,
-                                       check=lambda: _accuracy(model, tok, task, dev, rt))
+                                       check=lambda: _accuracy(model, tok, task, dev, rt), demonstrate=demonstrate)
         finally:
             bar.close()
         done = result.as_dict() | {"seconds": time.time() - t0}
@@ -149,19 +161,25 @@ def _accuracy(model, tok, task, problems: list, rt: RuntimeConfig) -> float:
     engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id)
     prompts = prompt_ids(tok, [p.prompt for p in problems], rt.chat)
     params = SamplingParams(max_new_tokens=rt.max_new_tokens, temperature=rt.temperature)
+    env = rt.env_spec(task)
+    if env is not None:  # episodes with the environment's tools: the share whose outcome is correct
+        from rpeg.runtime.agent_engine import episodes_on
+
+        outcomes = episodes_on(engine, tok, problems, env, params, rt.seed + 4243).outcomes
+        return sum(o >= 1.0 for o in outcomes) / len(problems)
     responses, _ = engine.generate(prompts, params, rt.seed + 4243)
     return task.accuracy(problems, tok.batch_decode(responses, skip_special_tokens=True))
 
 
-def _rows(rows: list[tuple[list[int], list[int]]], pad: int):
-    """(ids, attention mask, labels), each (B, T), right-padded; labels only on the answer tokens."""
-    width = max(len(a) + len(b) for a, b in rows)
+def _rows(rows: list[tuple[list[int], list[int], list[bool]]], pad: int):
+    """(ids, attention mask, labels), each (B, T), right-padded; labels only on the answer's trained tokens."""
+    width = max(len(a) + len(b) for a, b, _ in rows)
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
     attn = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (a, b) in enumerate(rows):
+    for i, (a, b, trained) in enumerate(rows):
         seq = a + b
         ids[i, :len(seq)] = torch.tensor(seq)
         attn[i, :len(seq)] = 1
-        labels[i, len(a):len(seq)] = torch.tensor(b)
+        labels[i, len(a):len(seq)] = torch.where(torch.tensor(trained, dtype=torch.bool), torch.tensor(b), -100)
     return ids, attn, labels

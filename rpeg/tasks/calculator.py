@@ -53,11 +53,18 @@ def calc(expression: str) -> str:
     return str(v.numerator) if v.denominator == 1 else f"{float(v):.6g}"
 
 
-def calculator_env(task: Arithmetic | None = None, *, max_turns: int = 3,
-                   tool_reward: float = 0.0) -> ToolEnvironment:
-    """A fresh environment (one per episode) on `task` (default: 3-digit products) with the `calc` tool."""
+def _demo_call(problem) -> tuple[str, str]:
+    expression = problem.prompt.rstrip("=")
+    return f"calc({expression})", calc.fn(expression)
+
+
+def calculator_env(task: Arithmetic | None = None, *, max_turns: int = 3, tool_reward: float = 0.0,
+                   warmup_tool_share: float = 0.0) -> ToolEnvironment:
+    """A fresh environment (one per episode) on `task` (default: 3-digit products) with the `calc` tool.
+    `warmup_tool_share`: the share of the supervised warm-up's examples that call `calc` before answering."""
     if task is None:
         task = Arithmetic(level=3, ops=("mul",))
     if not isinstance(task, Arithmetic):
         raise RpegError(f"the calculator environment runs the arithmetic task, not {getattr(task, 'name', task)!r}")
-    return ToolEnvironment(task=task, tools=(calc,), max_turns=max_turns, tool_reward=tool_reward)
+    return ToolEnvironment(task=task, tools=(calc,), max_turns=max_turns, tool_reward=tool_reward,
+                           warmup_tool_share=warmup_tool_share, demo_call=_demo_call)

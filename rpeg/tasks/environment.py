@@ -16,7 +16,9 @@ reward only).
 from __future__ import annotations
 
 import asyncio
+import random
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -49,6 +51,11 @@ class Environment(ABC):
     def step(self, reply: str) -> Step:
         """The environment's answer to the model's `reply` (may be `async def`)."""
 
+    def demonstration(self, problem: Problem, rng: random.Random) -> list[tuple[str | None, bool]]:
+        """A supervised warm-up's example episode after the opening: (text, trained) segments, text None
+        for the end token; untrained segments are observations. Default: the bare answer."""
+        return [(problem.answer, True), (None, True)]
+
 
 @dataclass
 class ToolEnvironment(Environment):
@@ -60,6 +67,10 @@ class ToolEnvironment(Environment):
     format: ChatFormat = field(default_factory=PlainFormat)
     system: str | None = None  # a system message (instruct models), e.g. how to call the tools
     tool_reward: float = 0.0
+    # the warm-up's demonstrations: this share calls a tool (`demo_call(problem)` -> (the call as the model
+    # writes it, the tool's result)) and then answers; the rest answer directly
+    warmup_tool_share: float = 0.0
+    demo_call: Callable[[Problem], tuple[str, str]] | None = None
     problem: Problem | None = None
     calls: int = 0  # successful tool calls this episode
     failed_calls: int = 0
@@ -71,6 +82,18 @@ class ToolEnvironment(Environment):
         if len(set(names)) != len(names):
             raise RpegError(f"two tools share a name: {sorted(n for n in names if names.count(n) > 1)[0]!r}")
         self.tools = tuple(self.tools)
+        if not 0.0 <= self.warmup_tool_share <= 1.0:
+            raise RpegError(f"warmup_tool_share must be in [0, 1], got {self.warmup_tool_share!r}")
+        if self.warmup_tool_share and self.demo_call is None:
+            raise RpegError("warmup_tool_share > 0 needs demo_call: how a demonstration calls the tool")
+
+    def demonstration(self, problem: Problem, rng: random.Random) -> list[tuple[str | None, bool]]:
+        if self.demo_call is None or rng.random() >= self.warmup_tool_share:
+            return super().demonstration(problem, rng)
+        call_text, result = self.demo_call(problem)
+        name = next((c.name for c in self.format.tool_calls(call_text, self.tools)), "tool")
+        observation = self.format.observation([{"role": "tool", "name": name, "content": result}])
+        return [(call_text, True), (None, True), (observation, False), (problem.answer, True), (None, True)]
 
     def reset(self, problem: Problem) -> list[Message]:
         self.problem, self.calls, self.failed_calls = problem, 0, 0

@@ -71,3 +71,20 @@ def test_the_same_seed_gives_the_same_warmup(tiny):
 def test_bad_warmup_settings_are_refused(changes, needle):
     with pytest.raises(RpegError, match=needle.replace("[", r"\[").replace(")", r"\)")):
         RuntimeConfig(**({"warmup_sft_steps": 10} | changes))
+
+
+def test_a_demonstration_trains_only_its_sampled_segments():
+    from random import Random
+
+    from rpeg.runtime.sft import _rows
+    from rpeg.tasks import Problem
+    from rpeg.tasks.calculator import calculator_env
+
+    env = calculator_env(warmup_tool_share=1.0)
+    segments = env.demonstration(Problem("347*58=", "20126"), Random(0))
+    assert segments == [("calc(347*58)", True), (None, True), ("\n> 20126\n", False), ("20126", True), (None, True)]
+    assert calculator_env().demonstration(Problem("347*58=", "20126"), Random(0)) == [("20126", True), (None, True)]
+    ids, attn, labels = _rows([([1, 2], [5, 6, 7, 8], [True, False, False, True])], pad=0)
+    assert ids.tolist() == [[1, 2, 5, 6, 7, 8]] and labels.tolist() == [[-100, -100, 5, -100, -100, 8]]
+    with pytest.raises(RpegError, match="warmup_tool_share must be in"):
+        calculator_env(warmup_tool_share=1.5)

@@ -40,10 +40,11 @@ def test_table_rows_and_summary_line(tmp_path):
 
 def test_write_replaces_only_the_block(tmp_path):
     doc = tmp_path / "README.md"
-    doc.write_text(f"intro\n{df.START}\nold figures\n{df.END}\nrest\n")
+    start, end = df.markers("demo-figures")
+    doc.write_text(f"intro\n{start}\nold figures\n{end}\nrest\n")
     assert df.main(["table", summary(tmp_path, "a", 0.3, 0.6), "--write", str(doc)]) == 0
     text = doc.read_text()
-    assert text.startswith(f"intro\n{df.START}\n| seed |") and text.endswith(f"{df.END}\nrest\n")
+    assert text.startswith(f"intro\n{start}\n| seed |") and text.endswith(f"{end}\nrest\n")
     assert "old figures" not in text
 
 
@@ -64,3 +65,27 @@ def test_check_passes_a_clear_gain_and_fails_a_small_one(tmp_path, capsys):
 def test_a_folder_without_a_summary_is_one_line(tmp_path, capsys):
     assert df.main(["check", str(tmp_path), "--min-gain", "0.1"]) == 2
     assert "cannot read a run summary" in capsys.readouterr().err
+
+
+def agent(tmp_path, name, calls_before, calls_after):
+    run = summary(tmp_path, name, 0.06, 0.73)
+    data = json.loads(open(os.path.join(run, "summary.json")).read())
+    data["accuracy_before"]["sampled_tool_calls"] = calls_before
+    data["accuracy_after"]["sampled_tool_calls"] = calls_after
+    open(os.path.join(run, "summary.json"), "w").write(json.dumps(data))
+    return run
+
+
+def test_an_agent_run_gets_its_tool_calls_in_the_table_and_the_check(tmp_path, capsys):
+    run = agent(tmp_path, "a", 0.136, 0.972)
+    assert "| 0.136 -> 0.972 | 0.31 |" in df.table([df.load(run)])
+    doc = tmp_path / "agents.md"
+    start, end = df.markers("agent-figures")
+    doc.write_text(f"{start}\n{end}\n")
+    assert df.main(["table", run, "--block", "agent-figures", "--write", str(doc)]) == 0
+    assert "tool calls per episode" in doc.read_text()
+    assert df.main(["check", run, "--min-gain", "0.3", "--min-tool-gain", "0.5"]) == 0
+    assert df.main(["check", agent(tmp_path, "b", 0.5, 0.6), "--min-gain", "0.3", "--min-tool-gain", "0.5"]) == 1
+    assert df.main(["check", summary(tmp_path, "c", 0.1, 0.6), "--min-gain", "0.3", "--min-tool-gain", "0.5"]) == 1
+    out = capsys.readouterr().out
+    assert "rose by +0.100, less than 0.5" in out and "ran no environment" in out

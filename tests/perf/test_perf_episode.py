@@ -1,0 +1,77 @@
+"""Multi-turn episodes in the generation cost: sampled tokens decoded, observations prefilled, the last
+episode's tool calls on the critical path. Hand-computed cases."""
+
+from __future__ import annotations
+
+import pytest
+
+from rpeg.errors import RpegError
+from rpeg.graph import Episode, Job
+from rpeg.graph import LengthDistribution as Dist
+from rpeg.graph import ParallelLayout as Layout
+from rpeg.graph import get_model
+from rpeg.hardware import load_cluster
+from rpeg.perf import generation
+from rpeg.perf.generation import GenWorkload, episode_parts, generation_cost, sampled_response
+
+SMALL = get_model("qwen3-0.6B")
+H100 = load_cluster("dgx-h100", 8)
+
+
+def work(response, episode=None, prompt=100, n=512):
+    return GenWorkload(sequences=n, prompt_len=prompt, response=response, episode=episode)
+
+
+def test_sampled_tokens_are_the_response_less_its_observations():
+    # 2 tool turns x 10 observation tokens of a 31-token response: 21 sampled
+    assert sampled_response(work(Dist.fixed(31), Episode(turns=3, max_turns=3, observation_tokens=5))) == Dist.fixed(21)
+    # 2 x 100 of a 1,000-token mean: every length x 0.8 (the cap 4,000 -> 3,200)
+    ep = Episode(turns=3, max_turns=4, observation_tokens=100)
+    d = sampled_response(work(Dist(kind="lognormal", mean=1000, max=4000), ep))
+    assert (d.kind, d.mean, d.max) == ("lognormal", pytest.approx(800.0), 3200)
+    assert sampled_response(work(Dist.fixed(31))) == Dist.fixed(31)  # single-turn: untouched
+
+
+def test_observation_prefill_with_and_without_the_prefix_cache(monkeypatch):
+    seen = []
+    monkeypatch.setattr(generation, "_prefill_s", lambda spec, lay, cl, tokens, context, dtype, seqs:
+                        seen.append((tokens, context, seqs)) or 1.0)
+    ep = Episode(turns=3, max_turns=3, observation_tokens=50, tool_latency_s=5.0)
+    # 1,000 tokens: 900 sampled (300 a turn), 2 observations of 50
+    parts = episode_parts(SMALL, Layout(), H100, work(Dist.fixed(1000), ep), n=4)
+    assert parts == {"observation prefill": 1.0, "tool waits (critical path)": 10.0}  # 2 calls x 5 s
+    # with the cache: 2 x 50 tokens an episode, 4 episodes, 8 prefills; context prompt + 3 x 350 / 2
+    assert seen[-1] == (400.0, 100 + 3 * 350 / 2, 8)
+    episode_parts(SMALL, Layout(), H100, work(Dist.fixed(1000), ep.replace(prefix_cache=False)), n=4)
+    # without: turn 1 prefills 100 + 350, turn 2 100 + 700: 1,250 an episode
+    assert seen[-1] == (4 * 1250.0, 625.0, 8)
+    assert episode_parts(SMALL, Layout(), H100, work(Dist.fixed(1000), Episode()), n=4) == {}
+
+
+def test_tool_latency_adds_its_calls_to_the_generation_stage_and_nothing_else():
+    ep = Episode(turns=4, max_turns=8, observation_tokens=64, tool_latency_s=0.1)
+    fast = generation_cost("g", SMALL, Layout(dp=8), H100, work(Dist.fixed(1024), ep))
+    slow = generation_cost("g", SMALL, Layout(dp=8), H100, work(Dist.fixed(1024), ep.replace(tool_latency_s=5.0)))
+    assert slow.seconds - fast.seconds == pytest.approx(3 * (5.0 - 0.1))
+    assert dict(slow.parts)["tool waits (critical path)"] == pytest.approx(15.0)
+    single = generation_cost("g", SMALL, Layout(dp=8), H100, work(Dist.fixed(1024)))
+    assert "observation prefill" not in dict(single.parts)
+    # the episode's sampled tokens are fewer than the single-turn response's: less decoding
+    assert dict(fast.parts)["decode"] < dict(single.parts)["decode"]
+
+
+def test_bad_episodes_are_one_line_errors():
+    with pytest.raises(RpegError, match="episode.turns = 5 exceeds episode.max_turns = 4"):
+        Episode(turns=5, max_turns=4)
+    with pytest.raises(RpegError, match="episode.tool_latency_s = -1 must be >= 0"):
+        Episode(tool_latency_s=-1)
+    with pytest.raises(RpegError, match="leave nothing of the 50-token response to sample"):
+        Job(response=Dist.fixed(50), episode=Episode(turns=3, max_turns=3, observation_tokens=25))
+
+
+def test_an_engine_that_never_drains_spreads_the_waits_over_the_steps_an_episode_may_span():
+    ep = Episode(turns=4, max_turns=8, observation_tokens=64, tool_latency_s=5.0)
+    partial = GenWorkload(sequences=512, prompt_len=100, response=Dist.fixed(1024), episode=ep, partial=True,
+                          async_bound=1)
+    parts = dict(generation_cost("g", SMALL, Layout(dp=8), H100, partial).parts)
+    assert parts["tool waits (critical path)"] == pytest.approx(3 * 5.0 / 2) and parts["observation prefill"] > 0
