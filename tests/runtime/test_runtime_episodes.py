@@ -31,6 +31,13 @@ def test_environment_options_are_checked_in_one_line():
         RuntimeConfig(environment={"name": "web"})
 
 
+def test_what_episodes_do_not_run_yet_is_refused_before_anything_starts(tmp_path):
+    cfg = rt(tmp_path, environment={"name": "calculator"})
+    with pytest.raises(RpegError, match="runtime.chat is on"):
+        run(colocated_plan(), cfg.replace(chat=True), progress=False)
+    assert not os.path.exists(cfg.out)  # refused before the run's folder or a worker
+
+
 @pytest.mark.long
 @pytest.mark.parametrize("plan", [colocated_plan, split_async_plan])
 def test_a_run_trains_on_calculator_episodes(tmp_path, plan):
