@@ -123,7 +123,7 @@ def _stage(g: Graph, s: Stage) -> StageWorkDepth:
         ep, wait = job.episode, 0.0
         if ep is not None and ep.tool_turns > 0:
             # per turn a prefill, then that turn's sampled tokens less one: the episode's sampled share
-            sampled = longest * (1.0 - ep.observed() / resp.mean)
+            sampled = longest * ep.sampled_share(resp.mean)
             passes = max(ep.turns, sampled)
             wait = ep.tool_turns * ep.tool_latency_s
         return StageWorkDepth(s.name, s.kind, s.model, flops, passes * weights + kv_reads + field_bytes,

@@ -64,6 +64,10 @@ class Episode:
         """Observation tokens per episode (mean)."""
         return self.tool_turns * self.observation_tokens
 
+    def sampled_share(self, response_mean: float) -> float:
+        """The share of a `response_mean`-token response the model samples (the rest is observations)."""
+        return 1.0 - self.observed() / response_mean
+
     def describe(self) -> str:
         return (f"{self.turns:g} turns (max {self.max_turns}), {self.observation_tokens:g} observation tokens and "
                 f"{self.tool_latency_s:g} s per tool call, prefix cache {'on' if self.prefix_cache else 'off'}")

@@ -128,8 +128,8 @@ def sampled_response(work: GenWorkload) -> LengthDistribution:
     if ep is None or ep.observed() <= 0:
         return work.response
     d = work.response
+    share = ep.sampled_share(d.mean)
     mean = d.mean - ep.observed()
-    share = mean / d.mean
     cap = max(1, round(d.max * share))
     if d.kind == "fixed":
         return LengthDistribution.fixed(max(1.0, mean))

@@ -134,12 +134,16 @@ class RuntimeConfig:
                 from rpeg.tasks import environment_options
 
                 try:
-                    environment_options(self.environment["name"],
-                                        {k: v for k, v in self.environment.items() if k != "name"})
+                    environment_options(self.environment["name"], dict(self.env_options))
                 except RpegError as e:
                     problems.append(str(e))
         if problems:
             raise RpegError("runtime: " + "; ".join(problems))
+
+    @property
+    def env_options(self) -> tuple:
+        """runtime.environment's options (all but its name), as sorted (key, value) pairs."""
+        return tuple(sorted((k, v) for k, v in (self.environment or {}).items() if k != "name"))
 
     def env_spec(self, task):
         """The environment as the rollout workers build it (runtime.agent_engine.EnvSpec), or None."""
@@ -147,8 +151,7 @@ class RuntimeConfig:
             return None
         from rpeg.runtime.agent_engine import EnvSpec
 
-        options = tuple(sorted((k, v) for k, v in self.environment.items() if k != "name"))
-        return EnvSpec(self.environment["name"], task, options)
+        return EnvSpec(self.environment["name"], task, self.env_options)
 
     def replace(self, **changes) -> RuntimeConfig:
         return dataclasses.replace(self, **changes)

@@ -317,8 +317,6 @@ class _Runner:
 
 def _check_episodes(graph: Graph, rt: RuntimeConfig, task, names) -> None:
     """Refuse, in one line, what the runtime does not yet run with multi-turn episodes."""
-    from rpeg.tasks import get_environment
-
     gen = graph.stage(names.generate)
     why = ("the plan generates in segments under partial rollout" if graph.partial_rollout else
            "the plan has ReMax's greedy baseline" if names.greedy else
@@ -330,7 +328,7 @@ def _check_episodes(graph: Graph, rt: RuntimeConfig, task, names) -> None:
     if why:
         raise RpegError(f"runtime.environment runs multi-turn episodes on whole hf engines, with the environment's "
                         f"reward; {why}: plan without it, or leave out runtime.environment")
-    get_environment(rt.environment["name"], task, **{k: v for k, v in rt.environment.items() if k != "name"})
+    rt.env_spec(task).factory()  # the environment refuses a task or option value here, once
 
 
 def _reward_path(rt: RuntimeConfig) -> str:

@@ -355,11 +355,10 @@ def _joined(prompts: list, outs: list) -> Rollout:
     ep = {}
     if outs and all(o.episodes is not None for o in outs):
         prompts = [x for o in outs for x in o.episodes.openings]
-        ep = {"loss_masks": [x for o in outs for x in o.episodes.loss_masks],
-              "env_rewards": [x for o in outs for x in o.episodes.rewards],
-              "outcomes": [x for o in outs for x in o.episodes.outcomes],
-              "turns": [x for o in outs for x in o.episodes.turns],
-              "tool_calls": [x for o in outs for x in o.episodes.tool_calls]}
+        # Rollout's field <- Episodes' field
+        sources = {"loss_masks": "loss_masks", "env_rewards": "rewards", "outcomes": "outcomes", "turns": "turns",
+                   "tool_calls": "tool_calls"}
+        ep = {k: [x for o in outs for x in getattr(o.episodes, src)] for k, src in sources.items()}
     return Rollout(prompts, [r for o in outs for r in o.responses], [lp for o in outs for lp in o.logprobs],
                    [o.version for o in outs for _ in o.responses], joined(o.span for o in outs),
                    token_versions=[tv for o in outs for tv in o.token_versions] if partial else None, **ep)
