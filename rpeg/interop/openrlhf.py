@@ -44,6 +44,11 @@ The mapping (sources: train_ppo_ray.py's parser and the checks after it; trainer
   switch's engine sleep and wake (vLLM level 1, a pinned backup). Async:
   `--train.async_enable` with a queue of `--train.async_queue_size` batches (k), and
   `--train.partial_rollout_enable`. The weight sync broadcasts every tensor gathered in full.
+- Agent RLHF: `--train.agent_func_path` (a Python file with an AgentExecutor, not read) makes the
+  job's rollouts multi-turn episodes (Job.episode) and the agent the reward; OpenRLHF has no turn
+  flag (an episode ends when the agent says done or at `--data.max_len`), so the cap on replies is
+  the response's token budget and the turns are assumed (common.episode_of). An export of a job
+  with episodes writes a placeholder agent path and names a turn cap it cannot write.
 
 What OpenRLHF cannot express (`project`): critic sharing, fusion, streaming, pipeline
 parallelism, device groups other than the per-model ones and the three colocation flags,

@@ -80,7 +80,6 @@ _NOT_PLAN = (
     ("vllm.sync_backend", "the weight sync's transport: RPEG costs it on the cluster's links"),
     ("vllm.enforce_eager", "CUDA graphs: RPEG's efficiency factors are per device and operation size"),
     ("ds.ring_attn_head_stride", "how ring attention walks the heads: RPEG costs cp's traffic, not its schedule"),
-    ("train.agent_func_path", "an agent function: the reward, read as a rule reward"),
     ("reward.", "a reward's shaping is not part of the plan"),
     ("ds.bf16", "RPEG costs bf16 weights"), ("ds.flash_attn", "the attention kernel is not modelled"),
     ("actor.max_norm", "gradient clipping does not change a step's cost in RPEG's model"),

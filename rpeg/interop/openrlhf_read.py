@@ -16,7 +16,7 @@ from rpeg.errors import RpegError
 from rpeg.graph import Job, ParallelLayout
 from rpeg.graph.serde import from_data
 from rpeg.interop.common import (
-    Imported, Notes, PlanView, config_tuple, model_preset, response_of, script_command, stage_names,
+    Imported, Notes, PlanView, config_tuple, episode_of, model_preset, response_of, script_command, stage_names,
 )
 from rpeg.interop.openrlhf_flags import old_flags, translate
 from rpeg.interop.openrlhf_keys import (
@@ -213,9 +213,13 @@ def _from_args(args: dict[str, Any], source: str, *, model, response_mean, clust
             raise RpegError(f"{source}: --rollout.max_new_tokens {new} leaves no room for a prompt in --data.max_len "
                             f"{max_len}")
         prompt_len = max_len - new
-    job = from_data(Job, {"prompts": prompts, "samples_per_prompt": samples, "prompt_len": prompt_len,
-                          "response": response_of(new, response_mean, notes), "ppo_epochs": a.num("train.max_epochs"),
-                          "mini_batches": prompts * samples // train_batch}, source)
+    response = response_of(new, response_mean, notes)
+    job_data = {"prompts": prompts, "samples_per_prompt": samples, "prompt_len": prompt_len, "response": response,
+                "ppo_epochs": a.num("train.max_epochs"), "mini_batches": prompts * samples // train_batch}
+    episode = _agent(a, new, response, notes)
+    if episode is not None:
+        job_data["episode"] = episode
+    job = from_data(Job, job_data, source)
     seq = prompt_len + new
 
     # the models
@@ -373,6 +377,32 @@ def _from_args(args: dict[str, Any], source: str, *, model, response_mean, clust
         notes.skip(key, value, why or "not read by RPEG (no part of the plan or the job it changes)")
     return Imported(system=SYSTEM, mode="async" if async_on else "sync", view=view, unmapped=tuple(notes.unmapped),
                     assumed=tuple(notes.assumed), source=source)
+
+
+def _agent(a: _Args, budget: int, response: dict, notes: Notes) -> dict | None:
+    """--train.agent_func_path (agent RLHF): its episodes as Job.episode, or None without an agent.
+
+    The file holds an AgentExecutor (openrlhf/utils/agent.py; the examples' is a MultiTurnAgentExecutor whose
+    AgentInstance.step returns the environment's feedback, a reward and `done`). RPEG does not read or run it,
+    and says so. OpenRLHF has no turn flag: the executor loops until the agent says done or the sequence
+    reaches --data.max_len, every reply at least one token (min_tokens 1), so the cap on replies is the
+    response's token budget (0.8.0-0.9.0 also stopped at 10,000 steps, a keyword default, not a flag). The
+    agent gives the reward: OpenRLHF then sets --reward.remote_url to "agent" and runs no reward model."""
+    path = a.get("train.agent_func_path")
+    if path is True:  # the flag without a value: argparse's "expected one argument"
+        raise RpegError(f"{a.source}: --train.agent_func_path needs a value: the agent's Python file")
+    if path is None or path == "":  # "" turns the agent off (train_ppo_ray tests it for truth)
+        return None
+    for key in ("reward.remote_url", "reward.model_name_or_path"):
+        if a.has(key):
+            a.used.add(key)
+            notes.skip(key, a.args[key], "the agent gives the reward (OpenRLHF sets --reward.remote_url to 'agent' "
+                       "and runs no reward model with --train.agent_func_path)")
+    notes.assume(f"--train.agent_func_path {path}: the agent file is not read (RPEG does not run the peer's Python "
+                 "agent); its rollouts read as multi-turn episodes (a single-turn agent: drop job.episode), capped by "
+                 "the response's token budget, a token a reply at least: OpenRLHF has no turn flag and ends an "
+                 "episode when the agent says done or at --data.max_len")
+    return episode_of(budget, None, response, notes, "--train.agent_func_path")
 
 
 def _adam_offload(a: _Args) -> float:

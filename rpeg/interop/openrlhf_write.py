@@ -6,10 +6,12 @@ rpeg/interop/openrlhf.py re-exports these; its docstring says what OpenRLHF cann
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rpeg.errors import RpegError
 from rpeg.graph import ParallelLayout
+from rpeg.graph.episode import MAX_TURNS
 from rpeg.interop.common import (
     Exported, PlanView, colocate_all, config_tuple, defaults_of, hf_name, one_pass_each, resize,
 )
@@ -20,6 +22,8 @@ from rpeg.interop.openrlhf_keys import ENTRY, ESTIMATORS, EXPORTS, LOGITS, LOGIT
 
 _ROLE = {"generate": "vllm", "generate_greedy": "vllm", "reward": "reward", "ref_logprobs": "ref",
          "critic_values": "critic", "critic_update": "critic"}
+# what an export of a job with episodes names as its agent: a plan holds no agent code (write's header says so)
+AGENT = "./agent_func.py"
 
 
 def project(view: PlanView) -> tuple[PlanView, list[str]]:
@@ -119,7 +123,30 @@ def project(view: PlanView) -> tuple[PlanView, list[str]]:
     if opts.get("kl_coef", 0) and opts.get("kl_estimator") not in (None, "k1", "k3"):
         opts["kl_estimator"] = "k1"
     v = v.replace(config=config_tuple(v.algorithm, opts))
+    v = _episode(v, lines)
     return _canonical(v), lines
+
+
+def _episode(v: PlanView, lines: list[str]) -> PlanView:
+    """The job's multi-turn episodes as OpenRLHF runs them: through an agent (--train.agent_func_path), which
+    gives the reward (OpenRLHF runs no reward model beside it) and whose episodes no flag caps in turns, only
+    the token budget (openrlhf_read._agent). A line for each thing that changes."""
+    ep = v.job.episode
+    if ep is None:
+        return v
+    if ep.max_turns <= 1:  # one reply, no observations: a single-turn job, written as one
+        return v.replace(job=v.job.replace(episode=None))
+    if v.reward is not None:
+        lines.append(f"multi-turn episodes ({ep.describe()}) beside a reward model: OpenRLHF's agent "
+                     "(--train.agent_func_path) gives the reward and runs no reward model; written single-turn")
+        return v.replace(job=v.job.replace(episode=None))
+    cap = max(min(v.job.response.max, MAX_TURNS), math.ceil(ep.turns))
+    if ep.max_turns == cap:
+        return v
+    lines.append(f"episode.max_turns = {ep.max_turns}: OpenRLHF has no turn cap (an episode ends when the agent "
+                 f"says done or at --data.max_len: at most {cap} replies); your agent must end it after "
+                 f"{ep.max_turns}")
+    return v.replace(job=v.job.replace(episode=ep.replace(max_turns=cap)))
 
 
 def _sleep_resident(a: ParallelLayout, colocated: bool) -> tuple[str, ...]:
@@ -228,6 +255,8 @@ def arguments(view: PlanView) -> list[str]:
         flag("critic.model_name_or_path", hf_name(v.critic or v.actor))
     if v.reward:
         flag("reward.model_name_or_path", hf_name(v.reward))
+    elif job.episode is not None:
+        flag("train.agent_func_path", AGENT)  # your agent: it runs the episodes and gives the reward
     else:
         flag("reward.remote_url", "http://localhost:5000/get_reward")  # your rule reward's server
     corr = EXPORTS.get(opts.get("off_policy"))
@@ -300,7 +329,10 @@ def write(view: PlanView) -> Exported:
         head.append("# OpenRLHF cannot express, so this launch leaves out:")
         head += [f"#   - {line}" for line in lines]
     head.append("# data (--data.prompt_dataset), the reward server, optimizer and logging: add your own flags")
-    if not v.reward:
+    if v.job.episode is not None:
+        head.append("# --train.agent_func_path below is a placeholder for your agent (a Python file with an "
+                    "AgentExecutor: it runs each episode and gives its reward)")
+    elif not v.reward:
         head.append("# --reward.remote_url below is a placeholder for your rule reward's server")
     body = [f"python3 -m {ENTRY} \\"] + [f"    {x} \\" for x in args[:-1]] + [f"    {args[-1]} \"$@\""]
     return Exported(system=SYSTEM, text="\n".join(head + ["set -euo pipefail", ""] + body) + "\n", view=v,
