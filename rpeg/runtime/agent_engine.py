@@ -7,12 +7,14 @@ together: the `hf` engine's form of continuous batching. Concurrency is bounded 
 a thread of its own, so the event loop keeps serving tools and environments while it decodes.
 
 Every reply reports the weight version it was sampled with, so an episode's staleness is counted from
-its first sampled token (`Trajectory.first_version`).
+its first sampled token (`Trajectory.first_version`, `Episodes.versions`). Each engine call's span and
+each episode's turns and tool calls come back too: the measured timeline draws them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 from rpeg.errors import RpegError
@@ -27,6 +29,7 @@ class BatchingLLM:
     seed: int = 0
     calls: int = 0
     batch_sizes: list[int] = field(default_factory=list)
+    spans: list[tuple[float, float, int]] = field(default_factory=list)  # per engine call: start, end, turns
     _queue: list = field(default_factory=list)
     _worker: asyncio.Task | None = None
 
@@ -49,6 +52,7 @@ class BatchingLLM:
             seed = self.seed + 7919 * self.calls
             self.calls += 1
             self.batch_sizes.append(len(batch))
+            start = time.time()
             try:
                 out, lps = await asyncio.to_thread(self.engine.generate, [ids for ids, _ in batch], self.params, seed)
             except Exception as e:  # every episode in the batch sees the engine's failure
@@ -56,6 +60,8 @@ class BatchingLLM:
                     if not fut.done():
                         fut.set_exception(e)
                 continue
+            finally:
+                self.spans.append((start, time.time(), len(batch)))
             for (_, fut), o, lp in zip(batch, out, lps):
                 if not fut.done():
                     fut.set_result(Sample(list(o), list(lp), version))
@@ -88,6 +94,11 @@ class Episodes:
     outcomes: list[float]  # the reward of the step that ended it (0 when cut by max_turns)
     turns: list[int]
     tool_calls: list[int]
+    versions: list[int]  # the weights of each episode's first sampled token: its staleness counts from them
+    # the timeline (wall clock): per episode its (generate | tool | environment, start, end) events; the engine's
+    # calls as (start, end, turns batched)
+    events: list[list[tuple[str, float, float]]] = field(default_factory=list)
+    engine_calls: list[tuple[float, float, int]] = field(default_factory=list)
 
 
 def episodes_on(engine, tok, problems: list, spec: EnvSpec, params, seed: int, max_batch: int = 256) -> Episodes:
@@ -101,4 +112,5 @@ def episodes_on(engine, tok, problems: list, spec: EnvSpec, params, seed: int, m
     return Episodes([t.ids[:t.prompt_len] for t in trajs], [t.ids[t.prompt_len:] for t in trajs],
                     [t.logprobs[t.prompt_len:] for t in trajs], [t.loss_mask[t.prompt_len:] for t in trajs],
                     [t.reward for t in trajs], [t.outcome for t in trajs], [t.turns for t in trajs],
-                    [t.tool_calls for t in trajs])
+                    [t.tool_calls for t in trajs], [t.first_version for t in trajs], [list(t.events) for t in trajs],
+                    list(llm.spans))

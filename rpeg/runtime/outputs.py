@@ -69,12 +69,14 @@ def load_latest(folder: str) -> dict | None:
 
 def write_outputs(out: str, metrics: list, timeline: Timeline, before: dict, after: dict,
                   about: dict | None = None) -> list[str]:
-    """The trace, Gantt chart, reward curve and summary.json (accuracies, step time, and `about`:
+    """The trace, Gantt chart (with episodes: episodes.png, the last step's turns), reward curve and summary.json (accuracies, step time, and `about`:
     seed, threads, warm-up, wall time — what scripts/demo_figures.py reads)."""
-    from rpeg.sim.export import write_gantt, write_trace
+    from rpeg.sim.export import write_episodes, write_gantt, write_trace
 
     files = [write_trace(timeline, os.path.join(out, "timeline.json"), "rpeg train (measured)"),
              write_gantt(timeline, os.path.join(out, "gantt.png"), "measured")]
+    if timeline.details:  # multi-turn episodes: the last step's turns, tool calls and engine calls
+        files.append(write_episodes(timeline, os.path.join(out, "episodes.png")))
     files.append(plot_rewards(out, metrics, before, after))
     with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as fh:
         json.dump({"accuracy_before": before, "accuracy_after": after, "steps": len(metrics),

@@ -12,7 +12,8 @@ Bounded asynchrony: generation for step s + j is launched as soon as it may run 
 weights (j <= k); every sample records the weight version it came from.
 
 Outputs under `out/`: metrics.jsonl (a line per step), reward.png, timeline.json (Chrome trace,
-the simulator's format) and gantt.png, checkpoints/ (atomic; `resume=True` continues exactly; each
+the simulator's format; with episodes, a lane per episode and engine) and gantt.png (episodes.png with
+episodes), checkpoints/ (atomic; `resume=True` continues exactly; each
 holds the policy as a Hugging Face folder, `model/`), and model/: the trained policy at the end, a
 folder `from_pretrained` and vLLM load as it is (rpeg.runtime.hf.save_policy).
 """
@@ -165,10 +166,11 @@ class _Runner:
         reward_model = graph.stage(self.names.reward).model is not None
         self.roles = Roles.build(graph, rt, model_path, ray, _reward_path(rt) if reward_model else "",
                                  names=self.names)
-        self.steps = Steps(graph, rt, task, tok, self.roles, self.names, self._record)
+        self.steps = Steps(graph, rt, task, tok, self.roles, self.names, self._record, self._episodes)
         self.groups = {s.name: graph.group(s.group) for s in graph.stages if s.group}
         self.t0 = time.time()
         self.records: list[Record] = []
+        self.details: list[Record] = []  # inside generation: episodes' turns and tool calls, engine calls
         self.model_path = model_path  # the folder the run started from: its config and tokenizer
         self.checkpointed = -1  # the step of the last checkpoint this run wrote
 
@@ -180,6 +182,24 @@ class _Runner:
                                    group=grp.name if grp else "host", devices=(grp.first, grp.count) if grp else (0, 0),
                                    start=span[0] - self.t0, end=span[1] - self.t0,
                                    peak_memory_bytes=span[2] if len(span) > 2 else 0.0))
+
+    def _episodes(self, stage: str, step: int, part: int, first: int, res) -> None:
+        """A generated part's episodes in the timeline's details: a lane per episode (its turns, from the
+        request to the reply, and its tool calls) and per engine (its calls, with the turns each batched)."""
+        grp = self.groups.get(stage)
+        where = {"group": grp.name if grp else "host", "devices": (grp.first, grp.count) if grp else (0, 0),
+                 "step": step, "microbatch": part}
+        kinds = {"generate": "turn", "tool": "tool", "environment": "environment"}
+        for i, events in enumerate(res.events):
+            turn = 0
+            for kind, start, end in events:
+                turn += kind == "generate"
+                kind = kinds.get(kind, kind)
+                self.details.append(Record(unit=f"{stage} · episode {first + i}", kind=kind, start=start - self.t0,
+                                           end=end - self.t0, label=f"{kind} {turn} s{step}", **where))
+        for engine, start, end, turns in res.engine_calls or ():
+            self.details.append(Record(unit=f"{stage} · engine {engine}", kind="engine", start=start - self.t0,
+                                       end=end - self.t0, label=f"{turns} turns s{step}", **where))
 
     def _sync(self, version: int, step: int) -> None:
         self._record(self.names.sync, step, self.roles.push_weights(version), self.names.generate)
@@ -261,7 +281,8 @@ class _Runner:
                  "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
                  # the measured timeline so far, on the run's own clock: a resumed run's timeline
                  # continues it (with the gap while it was down) instead of starting over
-                 "timeline": {"t0": self.t0, "records": [r for r in self.records if r.step < step]}}
+                 "timeline": {"t0": self.t0, "records": [r for r in self.records if r.step < step],
+                              "details": [r for r in self.details if r.step < step]}}
         save_atomic(os.path.join(self.rt.out, "checkpoints"), step, state, self.rt.keep_checkpoints,
                     extra=lambda tmp: save_policy(state["actor"]["model"], self.model_path, os.path.join(tmp, "model")))
         self.checkpointed = step
@@ -277,6 +298,7 @@ class _Runner:
     def _restore(self, state: dict) -> None:
         if "timeline" in state:
             self.t0, self.records = state["timeline"]["t0"], list(state["timeline"]["records"])
+            self.details = list(state["timeline"].get("details", ()))
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         self.roles.restore(state)
@@ -312,7 +334,8 @@ class _Runner:
         step_s = sum(m["step_s"] for m in metrics) / len(metrics) if metrics else 0.0
         return Timeline(records=tuple(sorted(self.records, key=lambda r: r.start)), steps=steps, step_s=step_s,
                         step_ends=tuple(ends), tokens_per_step=0.0, sequences_per_step=self.job.sequences,
-                        max_staleness=max((m["staleness_max"] for m in metrics), default=0), source="measured")
+                        max_staleness=max((m["staleness_max"] for m in metrics), default=0), source="measured",
+                        details=tuple(sorted(self.details, key=lambda r: r.start)))
 
 
 def _check_episodes(graph: Graph, rt: RuntimeConfig, task, names) -> None:

@@ -35,14 +35,18 @@ class Rollout:
     greedy_span: tuple[float, float] | None = None
     token_versions: list | None = None  # partial rollout: per sample, the weight version of each token
     # multi-turn episodes (runtime.agent_engine): per sample, its response tokens' loss mask (0 on observation
-    # tokens), the environment's reward, the outcome (accuracy reads it), turns and successful tool calls
+    # tokens), the environment's reward, the outcome (accuracy reads it), turns, successful tool calls and
+    # the timeline's events (generate | tool | environment, start, end); `versions` holds each episode's
+    # first sampled token's weights
     loss_masks: list | None = None
     env_rewards: list | None = None
     outcomes: list | None = None
     turns: list | None = None
     tool_calls: list | None = None
+    events: list | None = None
+    engine_calls: list | None = None  # episodes: per engine call, (engine, start, end, turns batched)
 
-    EPISODE_FIELDS = ("loss_masks", "env_rewards", "outcomes", "turns", "tool_calls")
+    EPISODE_FIELDS = ("loss_masks", "env_rewards", "outcomes", "turns", "tool_calls", "events")
 
     def as_dict(self) -> dict:  # the checkpoint's format for generations in flight
         out = {"prompts": self.prompts, "responses": self.responses, "logprobs": self.logprobs,
@@ -52,20 +56,22 @@ class Rollout:
         if self.token_versions is not None:
             out["token_versions"] = self.token_versions
         if self.loss_masks is not None:
-            out |= {k: getattr(self, k) for k in self.EPISODE_FIELDS}
+            out |= {k: getattr(self, k) for k in self.EPISODE_FIELDS + ("engine_calls",)}
         return out
 
     @classmethod
     def from_dict(cls, d: dict) -> Rollout:
         return cls(d["prompts"], d["responses"], d["logprobs"], d["versions"], tuple(d["span"]), d.get("greedy"),
-                   d.get("greedy_span"), d.get("token_versions"), **{k: d.get(k) for k in cls.EPISODE_FIELDS})
+                   d.get("greedy_span"), d.get("token_versions"),
+                   **{k: d.get(k) for k in cls.EPISODE_FIELDS + ("engine_calls",)})
 
     def rows(self, rows: slice) -> Rollout:
         """The samples at `rows` (a streamed part of the step's generation)."""
         tv = None if self.token_versions is None else self.token_versions[rows]
         ep = {k: None if getattr(self, k) is None else getattr(self, k)[rows] for k in self.EPISODE_FIELDS}
+        calls = self.engine_calls if not rows.start else None  # the engines' calls go with the first part
         return Rollout(self.prompts[rows], self.responses[rows], self.logprobs[rows], self.versions[rows], self.span,
-                       token_versions=tv, **ep)
+                       token_versions=tv, engine_calls=calls, **ep)
 
 
 @dataclass
@@ -83,10 +89,13 @@ class Launched:
 class Steps:
     """The step's tasks for one plan: `launch` a step's generation, `run` the step on it."""
 
-    def __init__(self, graph: Graph, rt: RuntimeConfig, task, tok, roles: Roles, names: StepStages, record):
-        """`record(stage, step, span, group_of=None, microbatch=0)`: the driver's measured timeline."""
+    def __init__(self, graph: Graph, rt: RuntimeConfig, task, tok, roles: Roles, names: StepStages, record,
+                 details=None):
+        """`record(stage, step, span, group_of=None, microbatch=0)`: the driver's measured timeline;
+        `details(stage, step, part, first, rollout)`: what happened inside a generated part (episodes)."""
         self.g, self.rt, self.task, self.tok, self.roles, self.names, self.record = (
             graph, rt, task, tok, roles, names, record)
+        self.details = details
         self.env = rt.env_spec(task)  # multi-turn episodes on the engines, or None
         self.job = graph.job
         self.fused = graph.fusion_group_of(names.actor_logprobs) is not None  # logprobs from the engine
@@ -171,6 +180,8 @@ class Steps:
         for c, first, res in self._parts(item):
             check_staleness(step, first, res.token_versions or res.versions, self.g.async_bound)
             self.record(names.generate, step, res.span, microbatch=c)
+            if res.events is not None and self.details is not None:
+                self.details(names.generate, step, c, first, res)
             if res.env_rewards is not None:  # the environment scored each episode as it ended
                 scores, rule = torch.tensor(res.env_rewards), torch.tensor(res.outcomes)
                 span = (res.span[1], res.span[1])
@@ -357,8 +368,13 @@ def _joined(prompts: list, outs: list) -> Rollout:
         prompts = [x for o in outs for x in o.episodes.openings]
         # Rollout's field <- Episodes' field
         sources = {"loss_masks": "loss_masks", "env_rewards": "rewards", "outcomes": "outcomes", "turns": "turns",
-                   "tool_calls": "tool_calls"}
+                   "tool_calls": "tool_calls", "events": "events"}
         ep = {k: [x for o in outs for x in getattr(o.episodes, src)] for k, src in sources.items()}
+    # an episode's staleness counts from its first sampled token's weights (Episodes.versions)
+    versions = ([v for o in outs for v in o.episodes.versions] if ep else
+                [o.version for o in outs for _ in o.responses])
+    if ep:
+        ep["engine_calls"] = [(e, *call) for e, o in enumerate(outs) for call in o.episodes.engine_calls]
     return Rollout(prompts, [r for o in outs for r in o.responses], [lp for o in outs for lp in o.logprobs],
-                   [o.version for o in outs for _ in o.responses], joined(o.span for o in outs),
+                   versions, joined(o.span for o in outs),
                    token_versions=[tv for o in outs for tv in o.token_versions] if partial else None, **ep)

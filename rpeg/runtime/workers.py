@@ -109,7 +109,7 @@ class Generated:
 
     responses: list[list[int]]
     logprobs: list[list[float]]
-    version: int  # the version generation started with (partial rollout: its first segment's)
+    version: int  # the version generation started with (partial rollout: its first segment's; episodes: the oldest)
     span: Span
     token_versions: list[list[int]] | None = None  # partial rollout: each token's version
     episodes: Episodes | None = None  # multi-turn: openings, observation masks, the environment's rewards
@@ -118,7 +118,7 @@ class Generated:
 def _episodes(engine, tok, problems, spec: EnvSpec, params: SamplingParams, seed: int) -> Generated:
     out = _timed(episodes_on, engine, tok, problems, spec, params, seed)
     ep = out.value
-    return Generated(ep.responses, ep.logprobs, engine.version, out.span, episodes=ep)
+    return Generated(ep.responses, ep.logprobs, min(ep.versions, default=engine.version), out.span, episodes=ep)
 
 
 def _timed(fn, *args, **kwargs) -> Timed:

@@ -18,6 +18,7 @@ class Record:
     flops: float = 0.0
     weight_version: int = -1  # generation: the actor version it sampled with
     peak_memory_bytes: float = 0.0  # measured (a GPU run): the most device memory it allocated; 0 unknown
+    label: str = ""  # the trace's name for it, where the unit and step do not say enough (details)
 
     @property
     def seconds(self) -> float:
@@ -46,6 +47,10 @@ class Timeline:
     utilization: float = 0.0  # busy fraction over every device of the plan, steady state
     mfu: float = 0.0  # model FLOPs / (devices x peak x time), steady state
     source: str = "simulated"  # or "measured" (the runtime writes the same format)
+    # what happened inside stages, drawn in the trace but in no figure above: multi-turn episodes' turns
+    # (kind "turn"), tool calls ("tool") and other environment steps ("environment"), one lane (unit) per
+    # episode, and the engine calls that batched the turns ("engine"), one lane per engine
+    details: tuple[Record, ...] = ()
 
     @property
     def tokens_per_s(self) -> float:

@@ -80,7 +80,7 @@ class Trajectory:
     truncated: bool = False  # ended by max_turns or max_context rather than by the environment
     outcome: float = 0.0  # the reward of the step that ended the episode (0 when truncated): accuracy reads it
     tool_calls: int = 0  # the environment's count of successful tool calls, where it keeps one
-    events: list[tuple[str, float, float]] = field(default_factory=list)  # (generate | environment, start, end)
+    events: list[tuple[str, float, float]] = field(default_factory=list)  # (generate | tool | environment, start, end)
 
     def add(self, ids: Sequence[int], *, logprobs: Sequence[float] | None = None,
             versions: Sequence[int] | None = None) -> None:
@@ -157,9 +157,9 @@ class EpisodeLLM:
             self.current = t = Trajectory()
             t.add(ids)
             t.prompt_len = len(ids)
-        start = time.perf_counter()
+        start = time.time()  # wall clock: the measured timeline sets these beside the driver's records
         s = await self.llm.generate(t.ids)
-        t.events.append(("generate", start, time.perf_counter()))
+        t.events.append(("generate", start, time.time()))
         t.add(s.ids, logprobs=s.logprobs, versions=s.versions or [s.version] * len(s.ids))
         t.turns += 1
         return s
@@ -183,6 +183,11 @@ async def _step(env: Environment, reply: str, pool) -> Step:
     return out
 
 
+def _tried(env: Environment) -> int:
+    """The tool calls an environment has run this episode, successful or not (0 where it counts none)."""
+    return getattr(env, "calls", 0) + getattr(env, "failed_calls", 0)
+
+
 async def run_episode(env: Environment, problem: Problem, llm: AsyncLLM, codec: Codec, *,
                       pool=None, max_context: int | None = None) -> Trajectory:
     """One episode of `env` on `problem`: reply, observe, until done, `max_turns` or `max_context`."""
@@ -193,11 +198,12 @@ async def run_episode(env: Environment, problem: Problem, llm: AsyncLLM, codec: 
     traj = handle.current
     for turn in range(env.max_turns):
         sample = await handle.generate(context)
-        start = time.perf_counter()
+        start, tried = time.time(), _tried(env)
         step = await _step(env, codec.decode(sample.ids), pool)
-        traj.events.append(("environment", start, time.perf_counter()))
-        traj.reward_last(step.reward)
         traj.tool_calls = getattr(env, "calls", 0)
+        # a step that ran a tool (the environment counts its calls) is drawn as a tool call
+        traj.events.append(("tool" if _tried(env) > tried else "environment", start, time.time()))
+        traj.reward_last(step.reward)
         if step.done:
             traj.outcome = step.reward
             return traj

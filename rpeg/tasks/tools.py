@@ -16,10 +16,11 @@ Every parameter needs a type hint (str, int, float, bool, list[...], Literal[...
 docstring's first paragraph is the description and its `Args:` lines describe the parameters.
 
 `await call(tool, arguments, pool)` runs the function on a thread pool, off the event loop, so a slow
-tool never blocks other episodes' generation. Whatever happens becomes the observation the model reads:
+tool never blocks other episodes' generation; an `async def` tool (a call to a remote service) is
+awaited on the event loop itself and holds no thread while it waits. Whatever happens becomes the observation the model reads:
 the result as a string (cut to `max_output_chars`), or `error: ...` for bad arguments, an exception or
-a timeout. A timed-out call's thread is left to finish on its own (Python cannot stop a thread); the
-episode goes on without it.
+a timeout. A timed-out call's thread is left to finish on its own (Python cannot stop a thread; an async
+tool is cancelled); the episode goes on without it.
 """
 
 from __future__ import annotations
@@ -161,13 +162,17 @@ def _truncate(text: str, limit: int) -> str:
 
 
 async def call(t: Tool, arguments: dict[str, Any], pool: Executor | None = None) -> tuple[str, bool]:
-    """Run `t(**arguments)` off the event loop: (the observation text, whether the call succeeded)."""
+    """Run `t(**arguments)` off the event loop (an `async def` tool on it): (the observation text, whether
+    the call succeeded)."""
     problem = check_arguments(t, arguments)
     if problem:
         return f"error: {t.name}: {problem}", False
     loop = asyncio.get_running_loop()
+    # an `async def` tool (a remote service) waits on the event loop and holds no thread; a plain one runs on `pool`
+    running = (t.fn(**arguments) if inspect.iscoroutinefunction(t.fn) else
+               loop.run_in_executor(pool, lambda: t.fn(**arguments)))
     try:
-        out = await asyncio.wait_for(loop.run_in_executor(pool, lambda: t.fn(**arguments)), t.timeout_s)
+        out = await asyncio.wait_for(running, t.timeout_s)
     except TimeoutError:
         return f"error: {t.name} timed out after {t.timeout_s:g} s", False
     except Exception as e:  # the tool's own failure is the model's observation, not the run's crash

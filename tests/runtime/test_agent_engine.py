@@ -70,3 +70,31 @@ def test_tiny_model_runs_calculator_episodes_token_in_token_out(tmp_path):
         assert codec.decode(t.ids[:t.prompt_len]) == p.prompt and not any(t.loss_mask[:t.prompt_len])
         assert 1 <= t.turns <= 3 and sum(t.loss_mask) >= t.turns
         assert all(v == 0 for v, m in zip(t.versions, t.loss_mask) if m)
+
+
+def test_an_episode_counts_its_staleness_from_its_first_sampled_token(tmp_path):
+    """Weights that change between an episode's turns leave its version at its first reply's."""
+    from rpeg.runtime.agent_engine import EnvSpec, episodes_on
+    from rpeg.tasks.arithmetic import Arithmetic
+
+    _, tok = load(build_tiny(str(tmp_path / "tiny")))
+
+    class Updating(Echo):
+        """Calls the tool first, then answers; its weights move on after every call."""
+
+        version = 5
+
+        def generate(self, prompts, params, seed):
+            self.batches.append(len(prompts))
+            self.version += 1
+            out = [tok.encode("calc(2*3)" if ">" not in tok.decode(p) else "6") + [tok.eos_token_id] for p in prompts]
+            return out, [[-0.5] * len(o) for o in out]
+
+    engine = Updating()
+    spec = EnvSpec("calculator", Arithmetic(level=1, ops=("mul",)), (("max_turns", 2),))
+    ep = episodes_on(engine, tok, [Problem("2*3=", "6")] * 3, spec, SamplingParams(max_new_tokens=8), seed=0)
+    assert engine.batches == [3, 3] and engine.version == 7  # two calls, three episodes each
+    assert ep.versions == [5, 5, 5] and ep.turns == [2, 2, 2] and ep.tool_calls == [1, 1, 1]
+    assert [[k for k, _, _ in e] for e in ep.events] == [["generate", "tool", "generate", "environment"]] * 3
+    assert [n for _, _, n in ep.engine_calls] == [3, 3]
+    assert all(s <= e for s, e, _ in ep.engine_calls)

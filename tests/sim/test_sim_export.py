@@ -2,6 +2,7 @@
 split from training with k = 1 and 4-way streaming, and colocated (with its context switches)."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -92,3 +93,25 @@ def test_a_measured_peak_memory_shows_in_the_trace_and_an_unknown_one_does_not()
                                   sequences_per_step=1, max_staleness=0, source="measured"))
     args = {e["name"]: e["args"] for e in trace["traceEvents"] if e["ph"] == "X"}
     assert args["actor_update s0"]["peak_memory_gb"] == 3.5 and "peak_memory_gb" not in args["generate s0"]
+
+
+def test_episode_details_get_their_own_lanes_after_their_stage(tmp_path):
+    from rpeg.sim.export import write_episodes
+    from rpeg.sim.timeline import Record, Timeline
+
+    common = dict(step=0, microbatch=0, group="gen", devices=(0, 1))
+    recs = (Record(unit="generate", kind="generate", start=0.0, end=2.0, **common),)
+    details = tuple(Record(unit=f"generate · episode {i}", kind=k, start=s, end=e, label=f"{k} s0", **common)
+                    for i in (10, 2) for k, s, e in (("turn", 0.0, 0.5), ("tool", 0.5, 1.5), ("turn", 1.5, 2.0)))
+    details += (Record(unit="generate · engine 0", kind="engine", start=0.1, end=0.5, label="2 turns s0", **common),)
+    tl = Timeline(records=recs, steps=1, step_s=2.0, step_ends=(2.0,), tokens_per_step=0.0, sequences_per_step=2,
+                  source="measured", details=details)
+    trace = chrome_trace(tl)
+    names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    assert [names[t] for t in sorted(names)] == ["generate", "generate · engine 0", "generate · episode 2",
+                                                 "generate · episode 10"]
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(spans) == 8 and sum(e["cat"] == "tool" for e in spans) == 2
+    assert {e["name"] for e in spans if e["cat"] == "engine"} == {"2 turns s0"}
+    assert write_episodes(tl, str(tmp_path / "episodes.png")) and (tmp_path / "episodes.png").read_bytes()[:8] == PNG
+    assert write_episodes(replace(tl, details=()), str(tmp_path / "none.png")) is None

@@ -128,3 +128,46 @@ def test_template_format_appends_only_the_observation_and_reads_json_calls():
     assert calls[2].error.startswith("the tool call is not JSON")
     with pytest.raises(RpegError, match="no chat template"):
         TemplateFormat(object())
+
+
+def test_an_async_tool_waits_on_the_event_loop_holding_no_thread():
+    from concurrent.futures import ThreadPoolExecutor
+
+    gate = threading.Event()
+
+    @tool(timeout_s=5.0)
+    def blocker(x: str) -> str:
+        """Holds the pool's only thread."""
+        gate.wait(10.0)
+        return x
+
+    @tool(timeout_s=0.3)
+    async def remote(x: str) -> str:
+        """A service call."""
+        await asyncio.sleep(0.01 if x != "hang" else 30.0)
+        return x.upper()
+
+    async def go(pool):
+        held = asyncio.ensure_future(call(blocker, {"x": "b"}, pool))
+        out = [await call(remote, {"x": "ok"}, pool), await call(remote, {"x": "hang"}, pool)]
+        busy = not held.done()  # both remote calls returned while the pool's one thread was still held
+        gate.set()
+        return out, busy, await held
+
+    pool = ThreadPoolExecutor(1)
+    (ok, hung), busy, held = asyncio.run(go(pool))
+    pool.shutdown()
+    assert busy and ok == ("OK", True) and held == ("b", True)
+    assert hung == ("error: remote timed out after 0.3 s", False)
+
+
+def test_a_remote_calculator_waits_its_seeded_round_trip():
+    from rpeg.tasks.calculator import calculator_env
+
+    env = calculator_env(latency_s=0.05)
+    remote = env.tools[0]
+    assert remote.name == "calc" and remote.schema["function"]["parameters"] == calc.schema["function"]["parameters"]
+    assert asyncio.run(call(remote, {"expression": "347*58"})) == ("20126", True)
+    for bad in (-1.0, 61, True, "1"):
+        with pytest.raises(RpegError, match="latency_s must be a number of seconds in"):
+            calculator_env(latency_s=bad)
