@@ -52,7 +52,7 @@ def main() -> None:
     rt = rt.replace(steps=args.steps + args.skip, eval_every=0, eval_size=20, checkpoint_every=0,
                     out=tempfile.mkdtemp(prefix="rpeg-bench-"),
                     **({} if args.keep_warmup else {"warmup_sft_steps": 300}))
-    cand = runnable_plan(spec.graph(), cluster, gpus, micro_batch=rt.micro_batch)
+    cand = runnable_plan(spec.graph(), cluster, gpus, micro_batch=rt.micro_batch, engine=rt.engine)
     result = run(cand.graph, rt, progress=False)
     kept = [m for m in result.metrics if m["step"] > args.skip]
     measured_step = statistics.mean(m["step_s"] for m in kept)
@@ -62,8 +62,10 @@ def main() -> None:
             stages.setdefault(r.unit, []).append(r.end - r.start)
     measured = {k: statistics.mean(v) for k, v in stages.items()}
     predicted = {k: c.seconds for k, c in cand.prediction.stages.items() if k in measured}
-    episodes = {k: round(statistics.mean(m[k] for m in kept), 3) for k in ("turns_mean", "tool_calls_mean")
-                if all(k in m for m in kept)}
+    episodes = {k: round(statistics.mean(m[k] for m in kept), 3)
+                for k in ("turns_mean", "tool_calls_mean", "response_len") if all(k in m for m in kept)}
+    if result.timeline.details:
+        episodes["engine_calls"] = _engine_calls(result.timeline, kept, args.skip)
     print(json.dumps({
         "job": args.job, "plan": cand.name, "device": cluster.device.name, **episodes,
         "device_gflop_per_s": round(cluster.device.flop_per_s("bf16") / 1e9, 1),
@@ -74,6 +76,19 @@ def main() -> None:
                          "ratio": round(predicted[k] / measured[k], 2) if measured[k] > 0 else None}
                      for k in predicted if predicted[k] > 0 or measured[k] > 1e-3},
     }, indent=1))
+
+
+def _engine_calls(timeline, kept: list, skip: int) -> dict:
+    """What the episodes' engine calls measured per step: how many, how long in all (the timeline's
+    details), their longest replies (the hf engine decodes each call until its longest reply ends), and
+    the generation stage's time outside them (episodes' Python: codecs, environments, the event loop)."""
+    steps = len(kept)
+    busy = sum(r.seconds for r in timeline.details if r.kind == "engine" and r.step >= skip)
+    gen = sum(r.seconds for r in timeline.records if r.kind == "generate" and r.step >= skip)
+    return {"per_step": round(statistics.mean(m.get("engine_calls", 0.0) for m in kept), 2),
+            "seconds_per_step": round(busy / steps, 4),
+            "longest_reply_mean": round(statistics.mean(m.get("engine_call_longest_mean", 0.0) for m in kept), 2),
+            "generate_outside_calls_s": round((gen - busy) / steps, 4)}
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     graph = spec.graph()
     if not graph.groups:
         _, cluster, gpus = spec.cluster_and_gpus(default="cpu-local")
-        cand = runnable_plan(graph, cluster, gpus, micro_batch=rt.micro_batch)
+        cand = runnable_plan(graph, cluster, gpus, micro_batch=rt.micro_batch, engine=rt.engine)
         graph = cand.graph
         print(f"plan for {cluster.name} x {gpus}: {cand.name} (predicted {cand.step_s:.2f} s per step)")
     try:  # the plan's cluster, sized to its devices: the summary sets the model's prediction beside the run

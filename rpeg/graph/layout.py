@@ -168,6 +168,12 @@ class ParallelLayout:
     the caller sets none, which depends on the device (1,024 on a GPU of 70 GiB or more that is not an
     A100, else 256). A caller that sets it (verl's rollout.max_num_seqs), or an engine built another way
     (AsyncLLM, whose default is 128: generation.ASYNC_ENGINE_MAX_SEQS), says so here.
+
+    static_batch (generation stages; rpeg/perf/generation.py `simulate_static`): the engine decodes each
+    call's batch until its longest sequence ends, every row kept in the batch, and takes the next call's
+    sequences only then: RPEG's own `hf` engine (rpeg/runtime/rollout.py HFEngine), which
+    runtime.plan_check.runnable_plan sets for a run on it. False (the default): continuous batching, as
+    vLLM does. With multi-turn episodes each round of turns is a call of its own, with its own tail.
     """
 
     dp: int = 1
@@ -203,6 +209,7 @@ class ParallelLayout:
     logits: str = DEFAULT_LOGITS
     inline_output: bool = False
     max_seqs: int = 0
+    static_batch: bool = False
 
     def __post_init__(self) -> None:
         bad = [f"{f} = {getattr(self, f)}" for f in ("dp", "tp", "pp", "cp", "ep", "pp_interleave", "micro_batch")
@@ -219,6 +226,8 @@ class ParallelLayout:
             raise RpegError(f"parallel layout: zero = {self.zero} must be 0, 1, 2 or 3")
         if not isinstance(self.inline_output, bool):
             raise RpegError(f"parallel layout: inline_output = {self.inline_output!r:.80} must be true or false")
+        if not isinstance(self.static_batch, bool):
+            raise RpegError(f"parallel layout: static_batch = {self.static_batch!r:.80} must be true or false")
         if isinstance(self.max_seqs, bool) or not isinstance(self.max_seqs, int) or self.max_seqs < 0:
             raise RpegError(f"parallel layout: max_seqs = {self.max_seqs!r:.80} must be a whole number >= 0 (the "
                             "engine's max_num_seqs; 0: vLLM's default for the device)")
@@ -392,6 +401,8 @@ class ParallelLayout:
             parts.append(f"logits={self.logits}")
         if self.max_seqs:
             parts.append(f"max-seqs={self.max_seqs}")
+        if self.static_batch:
+            parts.append("static-batch")
         return " ".join(parts) or "single device"
 
     def recipe_options(self) -> list[str]:

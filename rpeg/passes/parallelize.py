@@ -11,8 +11,8 @@ logits names how a training or log-prob pass computes its log-probs (rpeg/perf/l
 Megatron-Core recipe options (recompute_modules, recompute_layers, offload_activation_layers,
 grad_dtype, optimizer_moments, pp_embedding_loss_slots) are ParallelLayout's too
 (rpeg/perf/recipe_options.py), inline_output says where a generation engine processes its outputs and
-max_seqs how many sequences it runs at once (ParallelLayout; rpeg/perf/generation.py), so every layout
-field can be passed back through this pass.
+max_seqs how many sequences it runs at once and static_batch whether it batches statically
+(ParallelLayout; rpeg/perf/generation.py), so every layout field can be passed back through this pass.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                 recompute_modules: list[str] | tuple[str, ...] = (), recompute_layers: int = 0,
                 offload_activation_layers: int = 0, optimizer_moments: str = "fp32",
                 pp_embedding_loss_slots: bool = False, bins: str = "even", inline_output: bool = False,
-                max_seqs: int = 0) -> Graph:
+                max_seqs: int = 0, static_batch: bool = False) -> Graph:
     call = call_text("parallelize", stage=stage, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero,
                      recompute=recompute)
     if stage not in graph.stage_names:
@@ -49,7 +49,7 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
     wrong += [f"{k} = {v!r}" for k, v in (("sequence_parallel", sequence_parallel), ("pp_uneven", pp_uneven),
                                           ("packing", packing), ("ep_overlap", ep_overlap),
                                           ("permute_fusion", permute_fusion),
-                                          ("inline_output", inline_output))
+                                          ("inline_output", inline_output), ("static_batch", static_batch))
               if not isinstance(v, bool)]
     for name, value in (("recompute", recompute), ("dispatcher", dispatcher), ("routing", routing)):
         if not isinstance(value, str):
@@ -89,7 +89,7 @@ def parallelize(graph: Graph, stage: str, *, dp: int = 1, tp: int = 1, pp: int =
                                 logits=logits, grad_dtype=grad_dtype, recompute_modules=tuple(recompute_modules),
                                 recompute_layers=recompute_layers, offload_activation_layers=offload_activation_layers,
                                 optimizer_moments=optimizer_moments, pp_embedding_loss_slots=pp_embedding_loss_slots,
-                                bins=bins, inline_output=inline_output)
+                                bins=bins, inline_output=inline_output, static_batch=static_batch)
     except RpegError as e:
         raise refuse(call, str(e)) from None
     new = graph.stage(stage).replace(layout=layout)

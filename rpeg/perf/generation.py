@@ -127,9 +127,15 @@ def sampled_response(work: GenWorkload) -> LengthDistribution:
     ep = work.episode
     if ep is None or ep.observed() <= 0:
         return work.response
-    d = work.response
-    share = ep.sampled_share(d.mean)
-    mean = d.mean - ep.observed()
+    return scaled_lengths(work.response, ep.sampled_share(work.response.mean), work.response.mean - ep.observed())
+
+
+def scaled_lengths(d: LengthDistribution, share: float, mean: float | None = None) -> LengthDistribution:
+    """`d` with every length times `share` (at least one token); `mean`: the new mean where the caller has
+    it exactly."""
+    if share == 1.0:
+        return d
+    mean = d.mean * share if mean is None else mean
     cap = max(1, round(d.max * share))
     if d.kind == "fixed":
         return LengthDistribution.fixed(max(1.0, mean))
@@ -329,6 +335,63 @@ def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster,
             "preemptions": preemptions}
 
 
+def simulate_static(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, *, n: float, prompt: float,
+                    lengths: list[float], dtype: str = "bf16", max_seqs: int = 256) -> dict[str, float]:
+    """An engine that batches statically (ParallelLayout.static_batch: RPEG's hf engine) over `n` sequences
+    of which `lengths` are a sample: waves of up to `max_seqs`, each prefilled together and decoded until
+    its longest response ends with every row kept in the batch (a finished row decodes padding), the next
+    wave only then. Seconds by part, as simulate_instance gives them."""
+    step = _StepModel(spec, layout, cluster, dtype)
+    out = {"decode": 0.0, "prefill": 0.0, "tensor-parallel comm": 0.0, "engine step overhead": 0.0,
+           "output processing": 0.0, "decode_steps": 0.0, "preemptions": 0}
+    waves = max(1, math.ceil(n / max_seqs))
+    per = len(lengths) / waves  # the sample's sequences each wave stands for
+    for w in range(waves):
+        part = lengths[round(w * per):round((w + 1) * per)] or lengths
+        b = n / waves
+        steps = max(part) - 1  # the prefill samples the first token; then one decode step per token
+        out["prefill"] += _prefill_s(spec, layout, cluster, b * prompt, prompt, dtype, b)
+        if steps <= 0:
+            continue
+        t0, c0 = step(b, b * prompt)
+        t1, c1 = step(b, b * (prompt + steps))
+        over = step.overhead(b)
+        out["decode"] += steps * ((t0 + t1) / 2 - (c0 + c1) / 2 - over)
+        out["tensor-parallel comm"] += steps * (c0 + c1) / 2
+        out["engine step overhead"] += steps * over
+        o = step.output(b)  # as simulate_instance counts it: beside the step loop only its excess shows
+        out["output processing"] += steps * (o if layout.inline_output else max(0.0, o - (t0 + t1) / 2))
+        out["decode_steps"] += steps
+    return out
+
+
+def static_episode_rounds(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, work: GenWorkload,
+                          n: float, max_seqs: int) -> dict[str, float]:
+    """A static-batch engine's multi-turn episodes: each round of turns is one call (runtime/agent_engine.py
+    gathers the turns that are ready), which prefills every context in it again (the hf engine keeps no
+    cache between calls) and decodes until the call's longest reply ends. Rounds: the episodes' mean turns
+    rounded up (the calls a step makes when every episode's tool returns within the call's gathering
+    window); round r holds the episodes that reach it, min(1, turns - r) of them. A reply is an episode's
+    sampled tokens over its turns; the call's longest is that of the step's longest reply
+    (critical_lengths). Seconds by part, the later rounds' prefills as "observation prefill"."""
+    ep = work.episode
+    reply = scaled_lengths(sampled_response(work), 1.0 / ep.turns)
+    rounds = max(1, min(ep.max_turns, math.ceil(ep.turns - 1e-9)))
+    total: dict[str, float] = {}
+    for r in range(rounds):
+        alive = n * min(1.0, ep.turns - r)
+        context = work.prompt_len + r * (reply.mean + ep.observation_tokens)
+        sim_n = max(1, min(math.ceil(alive), SIM_SEQUENCES))
+        lengths = critical_lengths(reply, sim_n, work.sequences * min(1.0, ep.turns - r))
+        part = simulate_static(spec, layout, cluster, n=alive, prompt=context, lengths=lengths, dtype=work.dtype,
+                               max_seqs=max_seqs)
+        if r:
+            part["observation prefill"] = part.pop("prefill")
+        for k, v in part.items():
+            total[k] = total.get(k, 0.0) + v
+    return total
+
+
 def steady_state(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, *, n: int, lengths: list[float],
                  ahead: int, max_seqs: int, steps: int = 1, **kw) -> dict[str, float]:
     """What one more step's `n` sequences cost an engine that never drains: (T((ahead + steps) n) -
@@ -408,6 +471,14 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
         sim_n = min(n, max(1, SIM_SEQUENCES // (s + 1)))
         sim = steady_state(spec, layout, cluster, n=sim_n, lengths=response_lengths(work.response, sim_n), ahead=s,
                            max_seqs=batch, steps=max(1, math.ceil(STEADY_WAVES * batch / sim_n)), **kw)
+    elif layout.static_batch:  # RPEG's hf engine: a call decodes until its longest sequence ends
+        if full.episode is not None and full.episode.tool_turns > 0:
+            sim = static_episode_rounds(spec, layout, cluster, full, n, max_seqs)
+        else:
+            sim_n = min(n, SIM_SEQUENCES)
+            sim = simulate_static(spec, layout, cluster, n=n, prompt=work.prompt_len, dtype=work.dtype,
+                                  lengths=critical_lengths(work.response, sim_n, work.sequences), max_seqs=max_seqs)
+        sim_n = n
     else:
         sim_n = min(n, SIM_SEQUENCES)
         lengths = critical_lengths(work.response, sim_n, work.sequences)
@@ -418,6 +489,8 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
         sim["recompute carried KV cache"] = carried_recompute_s(spec, layout, cluster, work, capacity, n)
     spread = work.async_bound + 1 if work.partial or work.in_flight > 1 or work.refill else 1
     turns = episode_parts(spec, layout, cluster, full, n, spread) if full.episode is not None else {}
+    if "observation prefill" in sim:  # the static rounds prefilled each call's contexts themselves
+        turns["observation prefill"] = sim.pop("observation prefill")
     sim |= turns
     keys = ("prefill", "decode", "tensor-parallel comm", "engine step overhead") + (
         ("output processing",) if layout.inline_output or sim["output processing"] > 0 else ()) + (

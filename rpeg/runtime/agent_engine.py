@@ -2,9 +2,15 @@
 
 Each episode (rpeg/tasks/episode.py) is a coroutine that asks for one reply at a time. Requests that
 arrive while the engine is busy wait, and the next engine call takes up to `max_batch` of them
-together: the `hf` engine's form of continuous batching. Concurrency is bounded per model request
+together: the `hf` engine's form of continuous batching. The hf engine decodes a call until its
+longest reply ends, so every call costs a whole tail: a call waits for the episodes still running
+(`run_episodes` reports them through `live`) to queue their turns, at most BATCH_WINDOW of the mean
+engine call so far, rather than start with the first few whose tools came back (measured on the agent
+demo: 2.6 calls a step for 2 turns without the wait). Concurrency is bounded per model request
 (`max_batch`), not per episode: an episode waiting on a tool holds no engine slot. The engine runs on
-a thread of its own, so the event loop keeps serving tools and environments while it decodes.
+a thread apart from the event loop, so the loop keeps serving tools and environments while it decodes:
+by default a thread of its own; in a worker (`episodes_on`) the worker's own thread, with the event
+loop on another (`OwnerThread` says why).
 
 Every reply reports the weight version it was sampled with, so an episode's staleness is counted from
 its first sampled token (`Trajectory.first_version`, `Episodes.versions`). Each engine call's span and
@@ -14,11 +20,19 @@ each episode's turns and tool calls come back too: the measured timeline draws t
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import queue
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rpeg.errors import RpegError
 from rpeg.tasks.episode import Sample
+
+
+# the longest a call waits for running episodes to queue their turns, as a share of the mean engine call
+BATCH_WINDOW = 0.05
 
 
 @dataclass
@@ -29,9 +43,17 @@ class BatchingLLM:
     seed: int = 0
     calls: int = 0
     batch_sizes: list[int] = field(default_factory=list)
-    spans: list[tuple[float, float, int]] = field(default_factory=list)  # per engine call: start, end, turns
+    # per engine call: start, end, the turns it batched, its longest reply (the hf engine decodes until it ends)
+    spans: list[tuple[float, float, int, int]] = field(default_factory=list)
+    # how a call reaches the engine: None, a thread of its own (asyncio.to_thread); else an async function
+    # (prompts, params, seed) -> (responses, logprobs), e.g. OwnerThread.generate
+    call: Callable | None = None
     _queue: list = field(default_factory=list)
     _worker: asyncio.Task | None = None
+    _live: int = 0  # episodes running (run_episodes says): each either queued here or in its environment
+
+    def live(self, change: int) -> None:
+        self._live = max(0, self._live + change)
 
     def __post_init__(self) -> None:
         if type(self.max_batch) is not int or self.max_batch < 1:
@@ -44,9 +66,20 @@ class BatchingLLM:
             self._worker = asyncio.create_task(self._drain())
         return await fut
 
+    async def _gather(self) -> None:
+        """Wait, at most BATCH_WINDOW of a mean call, until every running episode has queued its turn (or
+        the queue fills a call): the episodes whose tools are still running would otherwise need a call of
+        their own, a whole tail more."""
+        if not self.spans:
+            return
+        deadline = time.time() + BATCH_WINDOW * sum(e - s for s, e, _, _ in self.spans) / len(self.spans)
+        while len(self._queue) < min(self._live, self.max_batch) and time.time() < deadline:
+            await asyncio.sleep(0.0005)
+
     async def _drain(self) -> None:
         await asyncio.sleep(0)  # let every episode that is ready now put its turn in
         while self._queue:
+            await self._gather()
             batch, self._queue = self._queue[:self.max_batch], self._queue[self.max_batch:]
             version = getattr(self.engine, "version", 0)
             seed = self.seed + 7919 * self.calls
@@ -54,18 +87,73 @@ class BatchingLLM:
             self.batch_sizes.append(len(batch))
             start = time.time()
             try:
-                out, lps = await asyncio.to_thread(self.engine.generate, [ids for ids, _ in batch], self.params, seed)
+                prompts = [ids for ids, _ in batch]
+                out, lps = await (self.call(prompts, self.params, seed) if self.call is not None else
+                                  asyncio.to_thread(self.engine.generate, prompts, self.params, seed))
             except Exception as e:  # every episode in the batch sees the engine's failure
+                self.spans.append((start, time.time(), len(batch), 0))
                 for _, fut in batch:
                     if not fut.done():
                         fut.set_exception(e)
                 continue
-            finally:
-                self.spans.append((start, time.time(), len(batch)))
+            self.spans.append((start, time.time(), len(batch), max(map(len, out), default=0)))
             for (_, fut), o, lp in zip(batch, out, lps):
                 if not fut.done():
                     fut.set_result(Sample(list(o), list(lp), version))
             await asyncio.sleep(0)  # the episodes just answered may queue their next turn at once
+
+
+class OwnerThread:
+    """Engine calls run on the thread that serves them (`serve`), the episodes' event loop elsewhere.
+
+    Torch on a CPU runs its ops on an OpenMP team that belongs to the thread that first used it: the
+    worker's main thread, which also trains. The same engine called from another thread gets a team of
+    its own, and on 2 cores the two teams' spinning threads fight: measured on this machine, one hf
+    call of 128 rows x 16 tokens of the tiny model took 0.083 s on the main thread, 0.16 s on a plain
+    second thread and 0.26 s through asyncio.to_thread. So the loop goes to a thread and the engine stays."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.calls: queue.Queue = queue.Queue()
+
+    async def generate(self, prompts, params, seed):
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self.calls.put((prompts, params, seed, fut))
+        return await asyncio.wrap_future(fut)
+
+    def serve(self) -> None:
+        """Run the calls as they come, on this thread, until `stop`."""
+        while (item := self.calls.get()) is not None:
+            prompts, params, seed, fut = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(self.engine.generate(prompts, params, seed))
+            except BaseException as e:  # the episodes waiting on this call see the engine's failure
+                fut.set_exception(e)
+
+    def stop(self) -> None:
+        self.calls.put(None)
+
+    def run(self, coroutine):
+        """`asyncio.run(coroutine)` on a thread of its own while this thread serves its engine calls."""
+        result: dict = {}
+
+        def loop() -> None:
+            try:
+                result["value"] = asyncio.run(coroutine)
+            except BaseException as e:
+                result["error"] = e
+            finally:
+                self.stop()
+
+        thread = threading.Thread(target=loop, name="rpeg-episodes", daemon=True)
+        thread.start()
+        self.serve()
+        thread.join()
+        if "error" in result:
+            raise result["error"]
+        return result["value"]
 
 
 @dataclass(frozen=True)
@@ -96,7 +184,7 @@ class Episodes:
     tool_calls: list[int]
     versions: list[int]  # the weights of each episode's first sampled token: its staleness counts from them
     # the timeline (wall clock): per episode its (generate | tool | environment, start, end) events; the engine's
-    # calls as (start, end, turns batched)
+    # calls as (start, end, turns batched, longest reply)
     events: list[list[tuple[str, float, float]]] = field(default_factory=list)
     engine_calls: list[tuple[float, float, int]] = field(default_factory=list)
 
@@ -105,8 +193,9 @@ def episodes_on(engine, tok, problems: list, spec: EnvSpec, params, seed: int, m
     """Run one episode per problem on `engine` (all at once, their turns batched); tools on threads."""
     from rpeg.tasks.episode import HFCodec, run_episodes
 
-    llm = BatchingLLM(engine, params, max_batch=max_batch, seed=seed)
-    trajs = asyncio.run(run_episodes(spec.factory(), problems, llm, HFCodec(tok)))
+    owner = OwnerThread(engine)  # the engine runs here, on the worker's own thread; the episodes' loop beside it
+    llm = BatchingLLM(engine, params, max_batch=max_batch, seed=seed, call=owner.generate)
+    trajs = owner.run(run_episodes(spec.factory(), problems, llm, HFCodec(tok)))
     for t in trajs:
         t.check()
     return Episodes([t.ids[:t.prompt_len] for t in trajs], [t.ids[t.prompt_len:] for t in trajs],

@@ -197,9 +197,9 @@ class _Runner:
                 kind = kinds.get(kind, kind)
                 self.details.append(Record(unit=f"{stage} · episode {first + i}", kind=kind, start=start - self.t0,
                                            end=end - self.t0, label=f"{kind} {turn} s{step}", **where))
-        for engine, start, end, turns in res.engine_calls or ():
+        for engine, start, end, turns, longest in res.engine_calls or ():
             self.details.append(Record(unit=f"{stage} · engine {engine}", kind="engine", start=start - self.t0,
-                                       end=end - self.t0, label=f"{turns} turns s{step}", **where))
+                                       end=end - self.t0, label=f"{turns} turns, {longest} tokens s{step}", **where))
 
     def _sync(self, version: int, step: int) -> None:
         self._record(self.names.sync, step, self.roles.push_weights(version), self.names.generate)

@@ -44,7 +44,7 @@ class Rollout:
     turns: list | None = None
     tool_calls: list | None = None
     events: list | None = None
-    engine_calls: list | None = None  # episodes: per engine call, (engine, start, end, turns batched)
+    engine_calls: list | None = None  # episodes: per engine call, (engine, start, end, turns batched, longest reply)
 
     EPISODE_FIELDS = ("loss_masks", "env_rewards", "outcomes", "turns", "tool_calls", "events")
 
@@ -219,6 +219,10 @@ class Steps:
         if self.env is not None:
             m["turns_mean"] = sum(t for d in drawn for t in d[2].turns) / len(responses)
             m["tool_calls_mean"] = sum(t for d in drawn for t in d[2].tool_calls) / len(responses)
+            calls = [c for d in drawn for c in d[2].engine_calls or ()]
+            if calls:  # the engines' calls: how many, and the longest reply each decoded until (the hf engine)
+                m["engine_calls"] = float(len(calls))
+                m["engine_call_longest_mean"] = sum(c[4] for c in calls) / len(calls)
         if self.segment:  # how many weight versions the step's responses span (1: none changed mid-response)
             spans = [len(set(tv)) for d in drawn for tv in d[2].token_versions or [] if tv]
             m["versions_per_response_max"] = max(spans, default=1)

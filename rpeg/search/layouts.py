@@ -54,6 +54,8 @@ class LayoutOptions:
     # rollout.max_num_seqs); 0: it passes none, and vLLM's default for the engine and device applies
     # (rpeg/perf/generation.py engine_max_seqs)
     gen_max_seqs: int = 0
+    # the engine batches statically (ParallelLayout.static_batch): RPEG's hf engine, where the runtime runs one
+    gen_static_batch: bool = False
     # smaller values tried besides it in a partial-rollout plan, whose engines recompute the responses in
     # flight at each weight update, as many as they run at once (perf/generation.py carried_recompute_s):
     # RPEG's own search (RPEG_OPTIONS), whose runtime passes the chosen value to vLLM
@@ -101,7 +103,7 @@ def candidates(graph: Graph, stage: Stage, devices: int, node: int, opts: Layout
                     ep_opts.append(tp)
                 for ep in ep_opts:
                     lay = ParallelLayout(dp=devices // (tp * pp), tp=tp, pp=pp, ep=ep, pp_uneven=bool(spec.layers % pp),
-                                         max_seqs=opts.gen_max_seqs)
+                                         max_seqs=opts.gen_max_seqs, static_batch=opts.gen_static_batch)
                     out.append(lay)
                     # with partial rollout the responses in flight at each weight update are recomputed
                     # (perf/generation.py carried_recompute_s), as many as the engine runs at once: a

@@ -21,6 +21,7 @@ generation spans 1 + k - (s - 1) tasks (perf/step.py `scheduled_distance`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -228,7 +229,40 @@ def _run(graph: Graph, plan: _Plan, tasks: dict, steps: int, cluster: Cluster) -
                                   flops=flops * run[1] / len(t.devices) if t.devices else flops,
                                   weight_version=t.version))
     records.sort(key=lambda r: (r.start, r.unit))
-    return _timeline(graph, plan, tuple(records), steps, cluster)
+    timeline = _timeline(graph, plan, tuple(records), steps, cluster)
+    details = _episode_details(graph, plan, [t for t in tasks.values() if t.unit in gen_units])
+    return dataclasses.replace(timeline, details=details) if details else timeline
+
+
+def _episode_details(graph: Graph, plan: _Plan, gen_tasks: list) -> tuple[Record, ...]:
+    """A multi-turn job's critical episode inside each generation task, as the model prices it: its
+    rounds of turns (the engine's work, the stage's seconds less its tool waits, in equal shares) with
+    its tool calls between them (the cost's `tool waits (critical path)`, in equal shares). Other
+    episodes' turns and waits overlap these (perf/generation.py episode_parts); the runtime's measured
+    timeline draws every episode."""
+    ep = graph.job.episode
+    if ep is None or ep.tool_turns <= 0:
+        return ()
+    rounds = max(2, min(ep.max_turns, math.ceil(ep.turns - 1e-9)))
+    out = []
+    for t in gen_tasks:
+        waits = sum(dict(plan.costs[m].parts).get("tool waits (critical path)", 0.0)
+                    for m in plan.members[t.unit]) / plan.mbs[t.unit]
+        seconds = t.end - t.start
+        waits = min(waits, seconds)
+        turn, wait = (seconds - waits) / rounds, waits / (rounds - 1)
+        first, count = min(t.devices, default=0), len(t.devices)
+        where = dict(step=t.step, microbatch=t.mb, group=plan.group_label[t.unit], devices=(first, count))
+        at = t.start
+        for r in range(rounds):
+            out.append(Record(unit=f"{t.unit} · critical episode", kind="turn", start=at, end=at + turn,
+                              label=f"turn {r + 1} s{t.step}", **where))
+            at += turn
+            if r < rounds - 1:
+                out.append(Record(unit=f"{t.unit} · critical episode", kind="tool", start=at, end=at + wait,
+                                  label=f"tool {r + 1} s{t.step}", **where))
+                at += wait
+    return tuple(sorted(out, key=lambda r: r.start))
 
 
 def _runs(devices: frozenset[int]) -> list[tuple[int, int]]:

@@ -19,7 +19,8 @@ position (`"fail"`); tokens that drifted are never trained on.
     trajectories = asyncio.run(run_episodes(make_env, problems, llm, codec))
 
 `llm` is any object with `async generate(ids) -> Sample` (runtime/agent_engine.py batches an engine's
-ready turns behind it); `codec` has `encode(text) -> ids` and `decode(ids) -> text`.
+ready turns behind it; an `llm` with `live(change)` is told how many episodes are running); `codec`
+has `encode(text) -> ids` and `decode(ids) -> text`.
 """
 
 from __future__ import annotations
@@ -247,8 +248,18 @@ async def run_episodes(make_env: Callable[[], Environment], problems: Sequence[P
     """Every problem's episode at once, each its own coroutine; tools and plain `step`s on a shared pool
     of `tool_threads` threads, so one episode's slow tool holds no other episode's turn."""
     pool = ThreadPoolExecutor(tool_threads, thread_name_prefix="rpeg-tool")
+    live = getattr(llm, "live", None)  # an engine that batches turns may wait for the episodes it knows still run
+
+    async def one(p: Problem) -> Trajectory:
+        try:
+            return await run_episode(make_env(), p, llm, codec, pool=pool, max_context=max_context)
+        finally:
+            if live is not None:
+                live(-1)
+
+    if live is not None:
+        live(len(problems))
     try:
-        return list(await asyncio.gather(*(run_episode(make_env(), p, llm, codec, pool=pool, max_context=max_context)
-                                           for p in problems)))
+        return list(await asyncio.gather(*(one(p) for p in problems)))
     finally:  # a timed-out tool's thread may still run: do not wait for it
         pool.shutdown(wait=False, cancel_futures=True)

@@ -75,3 +75,48 @@ def test_an_engine_that_never_drains_spreads_the_waits_over_the_steps_an_episode
                           async_bound=1)
     parts = dict(generation_cost("g", SMALL, Layout(dp=8), H100, partial).parts)
     assert parts["tool waits (critical path)"] == pytest.approx(3 * 5.0 / 2) and parts["observation prefill"] > 0
+
+
+def test_a_static_batch_decodes_every_call_until_its_longest_reply_ends(monkeypatch):
+    """RPEG's hf engine (ParallelLayout.static_batch): a wave keeps every row until its longest sequence
+    ends, so a long tail costs the whole batch; continuous batching (vLLM) lets the finished rows go."""
+    monkeypatch.setattr(generation, "_prefill_s", lambda *a: 0.0)
+    lengths = [10.0] * 63 + [100.0]
+    static = generation.simulate_static(SMALL, Layout(), H100, n=64, prompt=100, lengths=lengths, max_seqs=256)
+    assert static["decode_steps"] == 99  # the prefill samples the first token
+    cont = generation.simulate_instance(SMALL, Layout(), H100, n=64, prompt=100, lengths=lengths,
+                                        capacity_tokens=1e9, max_seqs=256)
+    assert cont["decode_steps"] == 99 and static["decode"] > cont["decode"]  # the same steps, at full width
+    two = generation.simulate_static(SMALL, Layout(), H100, n=64, prompt=100, lengths=lengths, max_seqs=32)
+    assert two["decode_steps"] == 9 + 99  # two waves: the first one's longest is 10
+
+
+def test_static_episodes_pay_a_tail_and_a_full_prefill_every_round():
+    ep = Episode(turns=2, max_turns=2, observation_tokens=10, prefix_cache=False)
+    tailed = work(Dist(kind="lognormal", mean=31, max=42), ep, prompt=8, n=128)
+    static = generation_cost("g", SMALL, Layout(static_batch=True), H100, tailed)
+    cont = generation_cost("g", SMALL, Layout(), H100, tailed)
+    s, c = dict(static.parts), dict(cont.parts)
+    # each of the 2 calls decodes until the step's longest reply (the runaways' cap: 42 x 21 / 31 / 2 tokens);
+    # continuous batching pays one tail, the longest episode's
+    assert s["decode"] > c["decode"] and set(s) == set(c)
+    rounds = generation.static_episode_rounds(SMALL, Layout(static_batch=True), H100, tailed, 128, 256)
+    assert rounds["decode_steps"] == pytest.approx(2 * (14 - 1), abs=1)
+    assert rounds["observation prefill"] > rounds["prefill"] > 0  # round 2 prefills 8 + 10.5 + 10 tokens again
+    # a fixed length has no tail to pay: the rounds decode what one continuous response would, less a step a call
+    fixed = generation_cost("g", SMALL, Layout(static_batch=True), H100, work(Dist.fixed(31), ep, prompt=8, n=128))
+    assert dict(fixed.parts)["decode"] < s["decode"]
+
+
+def test_the_runtime_plans_its_hf_engine_as_a_static_batch():
+    from rpeg.runtime.plan_check import runnable_plan
+    from rpeg.spec import load_spec
+
+    spec = load_spec("examples/agent-calculator-tiny.yaml")
+    cluster = load_cluster("dgx-h100", 1)
+    layouts = {e: runnable_plan(spec.graph(), cluster, 1, engine=e).graph.stage("generate").layout
+               for e in ("hf", "vllm")}
+    assert layouts["hf"].static_batch and not layouts["vllm"].static_batch
+    assert "static-batch" in layouts["hf"].describe()
+    with pytest.raises(RpegError, match="static_batch = 'yes' must be true or false"):
+        Layout(static_batch="yes")

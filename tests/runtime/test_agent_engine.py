@@ -96,5 +96,30 @@ def test_an_episode_counts_its_staleness_from_its_first_sampled_token(tmp_path):
     assert engine.batches == [3, 3] and engine.version == 7  # two calls, three episodes each
     assert ep.versions == [5, 5, 5] and ep.turns == [2, 2, 2] and ep.tool_calls == [1, 1, 1]
     assert [[k for k, _, _ in e] for e in ep.events] == [["generate", "tool", "generate", "environment"]] * 3
-    assert [n for _, _, n in ep.engine_calls] == [3, 3]
-    assert all(s <= e for s, e, _ in ep.engine_calls)
+    assert [(n, longest) for _, _, n, longest in ep.engine_calls] == [(3, 10), (3, 2)]  # calc(2*3) + eos; 6 + eos
+    assert all(s <= e for s, e, _, _ in ep.engine_calls)
+
+
+def test_a_call_waits_briefly_for_running_episodes_to_queue_their_turns():
+    """After the first call, a turn that arrives within BATCH_WINDOW of a mean call joins the next call
+    instead of needing one of its own; one that arrives later does not hold the call."""
+
+    class Slow(Echo):
+        def generate(self, prompts, params, seed):
+            time.sleep(0.2)
+            return super().generate(prompts, params, seed)
+
+    async def episodes(llm, delays):
+        async def one(i, delay):
+            await llm.generate([i])
+            await asyncio.sleep(delay)  # its tool
+            await llm.generate([i, i])
+
+        llm.live(len(delays))
+        await asyncio.gather(*(one(i, d) for i, d in enumerate(delays)))
+
+    prompt = Slow()
+    asyncio.run(episodes(BatchingLLM(prompt, SamplingParams()), [0.0, 0.003]))
+    late = Slow()
+    asyncio.run(episodes(BatchingLLM(late, SamplingParams()), [0.0, 0.5]))
+    assert prompt.batches == [2, 2] and late.batches == [2, 1, 1]
