@@ -163,11 +163,26 @@ class EnvSpec:
     name: str
     task: object
     options: tuple = ()  # sorted (key, value) pairs
+    chat: bool = False  # runtime.chat: episodes in the tokenizer's chat template (TemplateFormat)
 
-    def factory(self):
+    def factory(self, tokenizer=None):
+        """Fresh environments; with `chat` and a tokenizer, each renders its episode in the tokenizer's chat
+        template and reads Qwen/Hermes `<tool_call>` JSON (without a tokenizer: to check the options only)."""
         from rpeg.tasks import get_environment
 
-        return get_environment(self.name, self.task, **dict(self.options))
+        make = get_environment(self.name, self.task, **dict(self.options))
+        if not (self.chat and tokenizer is not None):
+            return make
+        from rpeg.tasks.chat import TemplateFormat
+
+        fmt = TemplateFormat(tokenizer)
+
+        def chat_env():
+            env = make()
+            env.format = fmt
+            return env
+
+        return chat_env
 
 
 @dataclass(frozen=True)
@@ -195,7 +210,7 @@ def episodes_on(engine, tok, problems: list, spec: EnvSpec, params, seed: int, m
 
     owner = OwnerThread(engine)  # the engine runs here, on the worker's own thread; the episodes' loop beside it
     llm = BatchingLLM(engine, params, max_batch=max_batch, seed=seed, call=owner.generate)
-    trajs = owner.run(run_episodes(spec.factory(), problems, llm, HFCodec(tok)))
+    trajs = owner.run(run_episodes(spec.factory(tok), problems, llm, HFCodec(tok)))
     for t in trajs:
         t.check()
     return Episodes([t.ids[:t.prompt_len] for t in trajs], [t.ids[t.prompt_len:] for t in trajs],

@@ -151,7 +151,7 @@ class RuntimeConfig:
             return None
         from rpeg.runtime.agent_engine import EnvSpec
 
-        return EnvSpec(self.environment["name"], task, self.env_options)
+        return EnvSpec(self.environment["name"], task, self.env_options, chat=self.chat)
 
     def replace(self, **changes) -> RuntimeConfig:
         return dataclasses.replace(self, **changes)

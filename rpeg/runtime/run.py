@@ -345,9 +345,7 @@ def _check_episodes(graph: Graph, rt: RuntimeConfig, task, names) -> None:
            "the plan has ReMax's greedy baseline" if names.greedy else
            "the plan scores with a reward model" if graph.stage(names.reward).model is not None else
            f"the plan generates with {gen.layout.describe()} (a tensor-parallel engine)" if gen.layout.tp > 1 else
-           "the vllm engine is asked for" if rt.engine == "vllm" else
-           "runtime.chat is on (the environment's own chat format renders each episode; a tokenizer's template "
-           "through the runtime is not wired yet)" if rt.chat else "")
+           "the vllm engine is asked for" if rt.engine == "vllm" else "")
     if why:
         raise RpegError(f"runtime.environment runs multi-turn episodes on whole hf engines, with the environment's "
                         f"reward; {why}: plan without it, or leave out runtime.environment")

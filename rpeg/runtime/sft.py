@@ -54,13 +54,15 @@ class WarmupResult:
 def supervised_warmup(model, tokenizer, problems: list[Problem], *, steps: int, lr: float, batch: int, seed: int,
                       target: float = 0.0, check: Callable[[], float] | None = None, check_every: int = 20,
                       on_step: Callable[[int, float, float | None], None] | None = None,
-                      chat: bool = False, demonstrate: Callable | None = None) -> WarmupResult:
+                      chat: bool = False, demonstrate: Callable | None = None,
+                      opening: Callable | None = None) -> WarmupResult:
     """Train on prompt + answer + <eos> with the loss on the answer tokens. With `target > 0`,
     `check()` (the dev accuracy) runs every `check_every` steps and the warm-up stops once it is
     >= `target`; `on_step(step, loss, dev accuracy or None)` reports every step (a progress bar).
     `demonstrate(problem, rng)`: a multi-turn environment's demonstration instead of the bare answer,
     as (text, trained) segments (text None: the end token); untrained segments (observations) are read
-    but carry no loss, as in RL."""
+    but carry no loss, as in RL. `opening(problem)`: the episode's opening as token ids (the environment's
+    format), instead of the prompt."""
     result = WarmupResult(target=target)
     if steps <= 0 or not problems:
         return result
@@ -72,7 +74,9 @@ def supervised_warmup(model, tokenizer, problems: list[Problem], *, steps: int, 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, decay)
     encoded = []
     rng = random.Random(seed)
-    for p, prompt in zip(problems, prompt_ids(tokenizer, [p.prompt for p in problems], chat)):
+    prompts = ([opening(p) for p in problems] if opening is not None else
+               prompt_ids(tokenizer, [p.prompt for p in problems], chat))
+    for p, prompt in zip(problems, prompts):
         segments = demonstrate(p, rng) if demonstrate else [(p.answer, True), (None, True)]
         ids, trained = [], []
         for text, on in segments:
@@ -137,11 +141,13 @@ def prepare_model(rt: RuntimeConfig, task, out: str, resume: bool, progress: boo
         bar = WarmupBar(rt.warmup_sft_steps, rt.warmup_target, progress)
         try:
             env = rt.env_spec(task)
-            demonstrate = env.factory()().demonstration if env is not None else None
+            episode = env.factory(tok)() if env is not None else None
             result = supervised_warmup(model, tok, train, steps=rt.warmup_sft_steps, lr=rt.sft_lr,
                                        batch=rt.sft_batch, seed=rt.seed, target=rt.warmup_target,
                                        check_every=rt.warmup_check_every, on_step=bar.update, chat=rt.chat,
-                                       check=lambda: _accuracy(model, tok, task, dev, rt), demonstrate=demonstrate)
+                                       check=lambda: _accuracy(model, tok, task, dev, rt),
+                                       demonstrate=episode.demonstration if episode else None,
+                                       opening=(lambda p: _opening(episode, tok, p)) if episode else None)
         finally:
             bar.close()
         done = result.as_dict() | {"seconds": time.time() - t0}
@@ -153,6 +159,11 @@ def prepare_model(rt: RuntimeConfig, task, out: str, resume: bool, progress: boo
     with open(record, "w", encoding="utf-8") as fh:
         json.dump(done, fh)
     return warm, tok, done
+
+
+def _opening(env, tok, problem) -> list[int]:
+    """An episode's opening as the rollout encodes it (episode.HFCodec): the environment's format."""
+    return tok(env.format.opening(env.reset(problem), env.tools), add_special_tokens=False)["input_ids"]
 
 
 def _accuracy(model, tok, task, problems: list, rt: RuntimeConfig) -> float:

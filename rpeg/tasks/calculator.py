@@ -75,9 +75,9 @@ def remote_calc(latency_s: float):
                 max_output_chars=calc.max_output_chars)
 
 
-def _demo_call(problem) -> tuple[str, str]:
+def _demo_call(problem) -> tuple[str, dict, str]:
     expression = problem.prompt.rstrip("=")
-    return f"calc({expression})", calc.fn(expression)
+    return "calc", {"expression": expression}, calc.fn(expression)
 
 
 def calculator_env(task: Arithmetic | None = None, *, max_turns: int = 3, tool_reward: float = 0.0,

@@ -43,6 +43,8 @@ class ChatFormat(Protocol):
 
     def tool_calls(self, reply: str, tools: tuple[Tool, ...]) -> list[ToolCall]: ...
 
+    def call(self, name: str, arguments: dict[str, Any]) -> str: ...
+
 
 @dataclass(frozen=True, slots=True)
 class PlainFormat:
@@ -56,6 +58,10 @@ class PlainFormat:
 
     def observation(self, messages: list[Message]) -> str:
         return "".join(f"{self.prefix}{m['content']}{self.suffix}" for m in messages)
+
+    def call(self, name: str, arguments: dict[str, Any]) -> str:
+        """A call as a reply writes it (a demonstration's): `name(a, b)`, the arguments by position."""
+        return f"{name}({', '.join(str(v) for v in arguments.values())})"
 
     def tool_calls(self, reply: str, tools: tuple[Tool, ...]) -> list[ToolCall]:
         """`name(a)` or `name(a, b)` for a known tool: arguments by position, as text (a parameter
@@ -94,7 +100,8 @@ class TemplateFormat:
     def __post_init__(self) -> None:
         if not getattr(self.tokenizer, "chat_template", None):
             raise RpegError("the model's tokenizer has no chat template (tokenizer_config.json or "
-                            "chat_template.jinja); use PlainFormat for a model without one")
+                            "chat_template.jinja); give its episodes as plain text (PlainFormat; in a run, "
+                            "runtime.chat: false)")
 
     def _render(self, messages: list[Message], tools: tuple[Tool, ...] = ()) -> str:
         schemas = [t.schema for t in tools] or None
@@ -102,7 +109,30 @@ class TemplateFormat:
                                                   add_generation_prompt=True)
 
     def opening(self, messages: list[Message], tools: tuple[Tool, ...]) -> str:
+        """The opening; a template that ignores `tools=` (SmolLM2's) gets them in a system message of
+        their own (`instructions`), first, or before the given system message's text."""
+        if tools and not self.renders_tools(tools):
+            rest = [m for m in messages if m.get("role") != "system"]
+            system = "\n\n".join([self.instructions(tools)] + [str(m["content"]) for m in messages
+                                                                if m.get("role") == "system"])
+            messages = [{"role": "system", "content": system}] + rest
         return self._render(messages, tools)
+
+    def renders_tools(self, tools: tuple[Tool, ...]) -> bool:
+        """Whether the template writes the tools' schemas into the prompt (Qwen's does; SmolLM2's does not)."""
+        probe = [{"role": "user", "content": "x"}]
+        return self._render(probe, tools) != self._render(probe)
+
+    def instructions(self, tools: tuple[Tool, ...]) -> str:
+        """How to call `tools`, for a template that does not say it: their schemas and the call format."""
+        schemas = "\n".join(json.dumps(t.schema) for t in tools)
+        return ("You may call these tools. To call one, reply with only "
+                '<tool_call>{"name": <tool name>, "arguments": {<its arguments>}}</tool_call>; its result comes '
+                f"back in the next message. Tools:\n{schemas}")
+
+    def call(self, name: str, arguments: dict[str, Any]) -> str:
+        """A call as a reply writes it (a demonstration's): Qwen's and Hermes' `<tool_call>` JSON."""
+        return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
     def observation(self, messages: list[Message]) -> str:
         # Rendered after a stand-in conversation, then cut off it: the text a template puts between

@@ -67,10 +67,10 @@ class ToolEnvironment(Environment):
     format: ChatFormat = field(default_factory=PlainFormat)
     system: str | None = None  # a system message (instruct models), e.g. how to call the tools
     tool_reward: float = 0.0
-    # the warm-up's demonstrations: this share calls a tool (`demo_call(problem)` -> (the call as the model
-    # writes it, the tool's result)) and then answers; the rest answer directly
+    # the warm-up's demonstrations: this share calls a tool (`demo_call(problem)` -> (the tool's name, its
+    # arguments, its result), written as `format` writes a call) and then answers; the rest answer directly
     warmup_tool_share: float = 0.0
-    demo_call: Callable[[Problem], tuple[str, str]] | None = None
+    demo_call: Callable[[Problem], tuple[str, dict, str]] | None = None
     problem: Problem | None = None
     calls: int = 0  # successful tool calls this episode
     failed_calls: int = 0
@@ -90,8 +90,8 @@ class ToolEnvironment(Environment):
     def demonstration(self, problem: Problem, rng: random.Random) -> list[tuple[str | None, bool]]:
         if self.demo_call is None or rng.random() >= self.warmup_tool_share:
             return super().demonstration(problem, rng)
-        call_text, result = self.demo_call(problem)
-        name = next((c.name for c in self.format.tool_calls(call_text, self.tools)), "tool")
+        name, arguments, result = self.demo_call(problem)
+        call_text = self.format.call(name, arguments)
         observation = self.format.observation([{"role": "tool", "name": name, "content": result}])
         return [(call_text, True), (None, True), (observation, False), (problem.answer, True), (None, True)]
 

@@ -31,11 +31,31 @@ def test_environment_options_are_checked_in_one_line():
         RuntimeConfig(environment={"name": "web"})
 
 
-def test_what_episodes_do_not_run_yet_is_refused_before_anything_starts(tmp_path):
-    cfg = rt(tmp_path, environment={"name": "calculator"})
-    with pytest.raises(RpegError, match="runtime.chat is on"):
-        run(colocated_plan(), cfg.replace(chat=True), progress=False)
-    assert not os.path.exists(cfg.out)  # refused before the run's folder or a worker
+def test_chat_episodes_need_a_chat_template_and_say_so_in_one_line(tmp_path):
+    cfg = rt(tmp_path, task={"name": "arithmetic", "ops": ["mul"], "level": 3}, environment={"name": "calculator"},
+             chat=True, warmup_sft_steps=1)
+    with pytest.raises(RpegError, match="no chat template .* runtime.chat: false"):
+        run(colocated_plan(), cfg, progress=False)
+
+
+def test_chat_episodes_render_the_template_and_its_tool_calls():
+    from rpeg.runtime.agent_engine import EnvSpec
+    from rpeg.tasks import Problem
+    from rpeg.tasks.arithmetic import Arithmetic
+    from rpeg.tasks.chat import PlainFormat, TemplateFormat
+    from tests.tasks.test_tools import _SmolTok
+
+    spec = EnvSpec("calculator", Arithmetic(level=3, ops=("mul",)), (("warmup_tool_share", 1.0),), chat=True)
+    env = spec.factory(_SmolTok())()
+    assert isinstance(env.format, TemplateFormat) and isinstance(spec.factory()().format, PlainFormat)
+    opening = env.format.opening(env.reset(Problem("347*58=", "20126")), env.tools)
+    assert "You may call these tools" in opening and opening.endswith("347*58=<|im_end|>\n<|im_start|>assistant\n")
+    import random
+
+    call, end, observation, answer, _ = env.demonstration(Problem("347*58=", "20126"), random.Random(0))
+    assert call == ('<tool_call>{"name": "calc", "arguments": {"expression": "347*58"}}</tool_call>', True)
+    assert observation == ("<|im_start|>user\n<tool_response>20126</tool_response><|im_end|>\n"
+                           "<|im_start|>assistant\n", False) and answer == ("20126", True)
 
 
 @pytest.mark.long

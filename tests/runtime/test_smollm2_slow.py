@@ -57,3 +57,30 @@ def test_a_few_grpo_steps_of_the_smollm2_example(smollm2, tmp_path):
         end = AutoModelForCausalLM.from_pretrained(os.path.join(result.out, "model"))(input_ids=ids).logits
         start = AutoModelForCausalLM.from_pretrained(smollm2)(input_ids=ids).logits
     assert torch.isfinite(end).all() and not torch.equal(end, start)
+
+
+AGENT = os.path.join(ROOT, "examples", "agent-calculator-smollm2.yaml")
+
+
+def test_a_few_grpo_steps_of_the_smollm2_calculator_agent(smollm2, tmp_path):
+    """The calculator environment through SmolLM2's chat template: the warm-up's demonstrations and the
+    episodes are rendered by TemplateFormat (the tool's schema in a system message, `<tool_call>` JSON
+    calls, `<|im_start|>tool` observations), and a run trains on them."""
+    from rpeg.graph.serde import from_data
+    from rpeg.runtime.config import RuntimeConfig
+    from rpeg.runtime.plan_check import runnable_plan
+    from rpeg.runtime.run import run
+    from rpeg.spec import load_spec
+
+    spec = load_spec(AGENT)
+    rt = from_data(RuntimeConfig, spec.runtime, "runtime").replace(
+        model_path=smollm2, steps=2, eval_size=8, warmup_sft_steps=4, checkpoint_every=0, out=str(tmp_path / "run"))
+    assert rt.chat and rt.environment["name"] == "calculator"
+    _, cluster, gpus = spec.cluster_and_gpus(default="cpu-local")
+    result = run(runnable_plan(spec.graph(), cluster, gpus, micro_batch=rt.micro_batch).graph, rt, progress=False)
+    rows = [json.loads(line) for line in open(os.path.join(result.out, "metrics.jsonl"))]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(0.0 <= r["reward"] <= 1.0 and 1.0 <= r["turns_mean"] <= 2.0 and r["engine_calls"] >= 1 for r in rows)
+    assert any(r["grad_norm"] > 0 for r in rows)  # the format bonus: a step's samples differ, so GRPO updates
+    trace = json.load(open(os.path.join(result.out, "timeline.json")))["traceEvents"]
+    assert {"turn", "engine"} <= {e.get("cat") for e in trace}

@@ -171,3 +171,28 @@ def test_a_remote_calculator_waits_its_seeded_round_trip():
     for bad in (-1.0, 61, True, "1"):
         with pytest.raises(RpegError, match="latency_s must be a number of seconds in"):
             calculator_env(latency_s=bad)
+
+
+class _SmolTok(_Tok):
+    """A template that ignores `tools=`, as SmolLM2's does."""
+
+    def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=False):
+        return super().apply_chat_template(messages, None, tokenize, add_generation_prompt)
+
+
+def test_a_template_that_ignores_tools_gets_them_in_a_system_message():
+    f = TemplateFormat(_SmolTok())
+    assert not f.renders_tools((calc,)) and TemplateFormat(_Tok()).renders_tools((calc,))
+    opening = f.opening([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}], (calc,))
+    system = opening.split("<|im_end|>")[0]
+    assert system.startswith("<|im_start|>system\nYou may call these tools.") and '"name": "calc"' in system
+    assert system.endswith("\n\nBe brief.") and opening.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    assert f.opening([{"role": "user", "content": "hi"}], ()) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_each_format_reads_back_the_call_it_writes():
+    for f in (PlainFormat(), TemplateFormat(_Tok())):
+        text = f.call("calc", {"expression": "347*58"})
+        (c,) = f.tool_calls(text, (calc,))
+        assert (c.name, c.arguments, c.error) == ("calc", {"expression": "347*58"}, None)
+    assert PlainFormat().call("calc", {"expression": "2*3"}) == "calc(2*3)"
