@@ -34,23 +34,30 @@ def smollm2(tmp_path_factory) -> str:
     return out
 
 
-def test_a_few_grpo_steps_of_the_smollm2_example(smollm2, tmp_path):
-    from transformers import AutoModelForCausalLM
-
+def _two_steps(example: str, smollm2: str, tmp_path, **changes):
+    """Two GRPO steps of `example` on the converted model, as `rpeg train` plans them: (the runtime
+    config, the run's result, its metrics rows)."""
     from rpeg.graph.serde import from_data
     from rpeg.runtime.config import RuntimeConfig
     from rpeg.runtime.plan_check import runnable_plan
     from rpeg.runtime.run import run
     from rpeg.spec import load_spec
 
-    spec = load_spec(EXAMPLE)
+    spec = load_spec(example)
     rt = from_data(RuntimeConfig, spec.runtime, "runtime").replace(
-        model_path=smollm2, steps=2, eval_size=8, max_new_tokens=32, checkpoint_every=0, out=str(tmp_path / "run"))
-    assert rt.chat and rt.task["name"] == "word_problems"
+        model_path=smollm2, steps=2, eval_size=8, checkpoint_every=0, out=str(tmp_path / "run"), **changes)
     _, cluster, gpus = spec.cluster_and_gpus(default="cpu-local")
     result = run(runnable_plan(spec.graph(), cluster, gpus, micro_batch=rt.micro_batch).graph, rt, progress=False)
     rows = [json.loads(line) for line in open(os.path.join(result.out, "metrics.jsonl"))]
     assert [r["step"] for r in rows] == [1, 2]
+    return rt, result, rows
+
+
+def test_a_few_grpo_steps_of_the_smollm2_example(smollm2, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    rt, result, rows = _two_steps(EXAMPLE, smollm2, tmp_path, max_new_tokens=32)
+    assert rt.chat and rt.task["name"] == "word_problems"
     assert all(0.0 <= r["reward"] <= 1.0 and r["grad_norm"] > 0 for r in rows)
     ids = torch.tensor([[1, 100, 2000, 30000, 2]])
     with torch.no_grad():
@@ -66,20 +73,8 @@ def test_a_few_grpo_steps_of_the_smollm2_calculator_agent(smollm2, tmp_path):
     """The calculator environment through SmolLM2's chat template: the warm-up's demonstrations and the
     episodes are rendered by TemplateFormat (the tool's schema in a system message, `<tool_call>` JSON
     calls, `<|im_start|>tool` observations), and a run trains on them."""
-    from rpeg.graph.serde import from_data
-    from rpeg.runtime.config import RuntimeConfig
-    from rpeg.runtime.plan_check import runnable_plan
-    from rpeg.runtime.run import run
-    from rpeg.spec import load_spec
-
-    spec = load_spec(AGENT)
-    rt = from_data(RuntimeConfig, spec.runtime, "runtime").replace(
-        model_path=smollm2, steps=2, eval_size=8, warmup_sft_steps=4, checkpoint_every=0, out=str(tmp_path / "run"))
+    rt, result, rows = _two_steps(AGENT, smollm2, tmp_path, warmup_sft_steps=4)
     assert rt.chat and rt.environment["name"] == "calculator"
-    _, cluster, gpus = spec.cluster_and_gpus(default="cpu-local")
-    result = run(runnable_plan(spec.graph(), cluster, gpus, micro_batch=rt.micro_batch).graph, rt, progress=False)
-    rows = [json.loads(line) for line in open(os.path.join(result.out, "metrics.jsonl"))]
-    assert [r["step"] for r in rows] == [1, 2]
     assert all(0.0 <= r["reward"] <= 1.0 and 1.0 <= r["turns_mean"] <= 2.0 and r["engine_calls"] >= 1 for r in rows)
     assert any(r["grad_norm"] > 0 for r in rows)  # the format bonus: a step's samples differ, so GRPO updates
     trace = json.load(open(os.path.join(result.out, "timeline.json")))["traceEvents"]
