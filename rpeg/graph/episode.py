@@ -17,6 +17,7 @@ A turn-count of 1 with no observation tokens is a single-turn job; `Job.episode`
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from rpeg.errors import RpegError
@@ -59,6 +60,12 @@ class Episode:
     def tool_turns(self) -> float:
         """Replies per episode that call a tool (every reply but the last)."""
         return self.turns - 1.0
+
+    @property
+    def rounds(self) -> int:
+        """Rounds of turns a step's episodes take when their turns go to the engine together: the mean
+        turns rounded up, at most max_turns."""
+        return max(1, min(self.max_turns, math.ceil(self.turns - 1e-9)))
 
     def observed(self) -> float:
         """Observation tokens per episode (mean)."""

@@ -376,13 +376,13 @@ def static_episode_rounds(spec: ModelSpec, layout: ParallelLayout, cluster: Clus
     (critical_lengths). Seconds by part, the later rounds' prefills as "observation prefill"."""
     ep = work.episode
     reply = scaled_lengths(sampled_response(work), 1.0 / ep.turns)
-    rounds = max(1, min(ep.max_turns, math.ceil(ep.turns - 1e-9)))
     total: dict[str, float] = {}
-    for r in range(rounds):
-        alive = n * min(1.0, ep.turns - r)
+    for r in range(ep.rounds):
+        share = min(1.0, ep.turns - r)  # of the episodes, those that reach round r
+        alive = n * share
         context = work.prompt_len + r * (reply.mean + ep.observation_tokens)
         sim_n = max(1, min(math.ceil(alive), SIM_SEQUENCES))
-        lengths = critical_lengths(reply, sim_n, work.sequences * min(1.0, ep.turns - r))
+        lengths = critical_lengths(reply, sim_n, work.sequences * share)
         part = simulate_static(spec, layout, cluster, n=alive, prompt=context, lengths=lengths, dtype=work.dtype,
                                max_seqs=max_seqs)
         if r:

@@ -201,7 +201,7 @@ class Episodes:
     # the timeline (wall clock): per episode its (generate | tool | environment, start, end) events; the engine's
     # calls as (start, end, turns batched, longest reply)
     events: list[list[tuple[str, float, float]]] = field(default_factory=list)
-    engine_calls: list[tuple[float, float, int]] = field(default_factory=list)
+    engine_calls: list[tuple[float, float, int, int]] = field(default_factory=list)
 
 
 def episodes_on(engine, tok, problems: list, spec: EnvSpec, params, seed: int, max_batch: int = 256) -> Episodes:

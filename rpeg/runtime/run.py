@@ -177,24 +177,25 @@ class _Runner:
     # ---- helpers -----------------------------------------------------------------------------------
     def _record(self, stage: str, step: int, span, group_of: str | None = None, microbatch: int = 0) -> None:
         """A measured record of `stage`, on the devices of `group_of` (default: its own)."""
-        grp = self.groups.get(group_of or stage)
         self.records.append(Record(unit=stage, kind=self.g.stage(stage).kind.value, step=step, microbatch=microbatch,
-                                   group=grp.name if grp else "host", devices=(grp.first, grp.count) if grp else (0, 0),
                                    start=span[0] - self.t0, end=span[1] - self.t0,
-                                   peak_memory_bytes=span[2] if len(span) > 2 else 0.0))
+                                   peak_memory_bytes=span[2] if len(span) > 2 else 0.0,
+                                   **self._where(group_of or stage)))
+
+    def _where(self, stage: str) -> dict:
+        """The device group a stage's records sit on ("host" for host-side stages), and its devices."""
+        grp = self.groups.get(stage)
+        return {"group": grp.name if grp else "host", "devices": (grp.first, grp.count) if grp else (0, 0)}
 
     def _episodes(self, stage: str, step: int, part: int, first: int, res) -> None:
         """A generated part's episodes in the timeline's details: a lane per episode (its turns, from the
         request to the reply, and its tool calls) and per engine (its calls, with the turns each batched)."""
-        grp = self.groups.get(stage)
-        where = {"group": grp.name if grp else "host", "devices": (grp.first, grp.count) if grp else (0, 0),
-                 "step": step, "microbatch": part}
-        kinds = {"generate": "turn", "tool": "tool", "environment": "environment"}
+        where = self._where(stage) | {"step": step, "microbatch": part}
         for i, events in enumerate(res.events):
             turn = 0
             for kind, start, end in events:
                 turn += kind == "generate"
-                kind = kinds.get(kind, kind)
+                kind = "turn" if kind == "generate" else kind  # tool | environment as they are
                 self.details.append(Record(unit=f"{stage} · episode {first + i}", kind=kind, start=start - self.t0,
                                            end=end - self.t0, label=f"{kind} {turn} s{step}", **where))
         for engine, start, end, turns, longest in res.engine_calls or ():

@@ -46,7 +46,8 @@ class Rollout:
     events: list | None = None
     engine_calls: list | None = None  # episodes: per engine call, (engine, start, end, turns batched, longest reply)
 
-    EPISODE_FIELDS = ("loss_masks", "env_rewards", "outcomes", "turns", "tool_calls", "events")
+    EPISODE_FIELDS = ("loss_masks", "env_rewards", "outcomes", "turns", "tool_calls", "events")  # per sample
+    SAVED_EPISODE_FIELDS = EPISODE_FIELDS + ("engine_calls",)  # what a checkpoint keeps of a generation in flight
 
     def as_dict(self) -> dict:  # the checkpoint's format for generations in flight
         out = {"prompts": self.prompts, "responses": self.responses, "logprobs": self.logprobs,
@@ -56,14 +57,14 @@ class Rollout:
         if self.token_versions is not None:
             out["token_versions"] = self.token_versions
         if self.loss_masks is not None:
-            out |= {k: getattr(self, k) for k in self.EPISODE_FIELDS + ("engine_calls",)}
+            out |= {k: getattr(self, k) for k in self.SAVED_EPISODE_FIELDS}
         return out
 
     @classmethod
     def from_dict(cls, d: dict) -> Rollout:
         return cls(d["prompts"], d["responses"], d["logprobs"], d["versions"], tuple(d["span"]), d.get("greedy"),
                    d.get("greedy_span"), d.get("token_versions"),
-                   **{k: d.get(k) for k in cls.EPISODE_FIELDS + ("engine_calls",)})
+                   **{k: d.get(k) for k in cls.SAVED_EPISODE_FIELDS})
 
     def rows(self, rows: slice) -> Rollout:
         """The samples at `rows` (a streamed part of the step's generation)."""

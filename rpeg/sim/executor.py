@@ -243,7 +243,7 @@ def _episode_details(graph: Graph, plan: _Plan, gen_tasks: list) -> tuple[Record
     ep = graph.job.episode
     if ep is None or ep.tool_turns <= 0:
         return ()
-    rounds = max(2, min(ep.max_turns, math.ceil(ep.turns - 1e-9)))
+    rounds = max(2, ep.rounds)  # a tool turn: at least one call between two turns
     out = []
     for t in gen_tasks:
         waits = sum(dict(plan.costs[m].parts).get("tool waits (critical path)", 0.0)
