@@ -14,6 +14,12 @@ the RL steps before it calls it in nearly every episode (the job's `episode` say
 
     .venv/bin/python benchmarks/cpu_local_prediction.py --job examples/agent-calculator-tiny.yaml \
         --keep-warmup --skip 40 --steps 40
+
+Partial rollout (docs/runtime.md) on the job whose responses have a long tail, on two devices (an engine
+and a trainer), the fastest plan with partial rollout:
+
+    .venv/bin/python benchmarks/cpu_local_prediction.py --job examples/partial-rollout-tiny.yaml \
+        --keep-warmup --partial-rollout
 """
 
 from __future__ import annotations
@@ -39,20 +45,23 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=WARMUP_STEPS, help="RL steps run first and not measured")
     ap.add_argument("--keep-warmup", action="store_true",
                     help="the job's own supervised warm-up (its target) instead of 300 steps")
+    ap.add_argument("--partial-rollout", action="store_true",
+                    help="the fastest runnable plan with partial rollout (engines on devices of their own)")
     ap.add_argument("--reuse-calibration", action="store_true",
                     help="predict with the cpu-local file that exists instead of measuring it first, in this run")
     args = ap.parse_args()
+    spec = load_spec(args.job)
     if not args.reuse_calibration:  # the machine as it is now, not as an earlier, differently loaded run found it
         from rpeg.hardware.calibrate import calibrate
 
-        calibrate()
-    spec = load_spec(args.job)
+        calibrate(devices=spec.gpus or 1)
     _, cluster, gpus = spec.cluster_and_gpus(default="cpu-local")
     rt = from_data(RuntimeConfig, spec.runtime, "runtime")
     rt = rt.replace(steps=args.steps + args.skip, eval_every=0, eval_size=20, checkpoint_every=0,
                     out=tempfile.mkdtemp(prefix="rpeg-bench-"),
                     **({} if args.keep_warmup else {"warmup_sft_steps": 300}))
-    cand = runnable_plan(spec.graph(), cluster, gpus, micro_batch=rt.micro_batch, engine=rt.engine)
+    cand = runnable_plan(spec.graph(), cluster, gpus, micro_batch=rt.micro_batch, engine=rt.engine,
+                         partial=args.partial_rollout)
     result = run(cand.graph, rt, progress=False)
     kept = [m for m in result.metrics if m["step"] > args.skip]
     measured_step = statistics.mean(m["step_s"] for m in kept)
@@ -63,7 +72,8 @@ def main() -> None:
     measured = {k: statistics.mean(v) for k, v in stages.items()}
     predicted = {k: c.seconds for k, c in cand.prediction.stages.items() if k in measured}
     episodes = {k: round(statistics.mean(m[k] for m in kept), 3)
-                for k in ("turns_mean", "tool_calls_mean", "response_len") if all(k in m for m in kept)}
+                for k in ("turns_mean", "tool_calls_mean", "response_len", "mixed_version_frac")
+                if all(k in m for m in kept)}
     if result.timeline.details:
         episodes["engine_calls"] = _engine_calls(result.timeline, kept, args.skip)
     print(json.dumps({
@@ -79,16 +89,19 @@ def main() -> None:
 
 
 def _engine_calls(timeline, kept: list, skip: int) -> dict:
-    """What the episodes' engine calls measured per step: how many, how long in all (the timeline's
-    details), their longest replies (the hf engine decodes each call until its longest reply ends), and
-    the generation stage's time outside them (episodes' Python: codecs, environments, the event loop)."""
+    """What the engine calls measured per step: how many, how long in all (the timeline's details); with
+    episodes, their longest replies (the hf engine decodes each call until its longest reply ends) and the
+    generation stage's time outside them (episodes' Python: codecs, environments, the event loop); with
+    partial rollout, the sequences a segment call batched (of every step in flight on the engine)."""
     steps = len(kept)
     busy = sum(r.seconds for r in timeline.details if r.kind == "engine" and r.step >= skip)
     gen = sum(r.seconds for r in timeline.records if r.kind == "generate" and r.step >= skip)
-    return {"per_step": round(statistics.mean(m.get("engine_calls", 0.0) for m in kept), 2),
-            "seconds_per_step": round(busy / steps, 4),
-            "longest_reply_mean": round(statistics.mean(m.get("engine_call_longest_mean", 0.0) for m in kept), 2),
-            "generate_outside_calls_s": round((gen - busy) / steps, 4)}
+    out = {"per_step": round(statistics.mean(m.get("engine_calls", 0.0) for m in kept), 2),
+           "seconds_per_step": round(busy / steps, 4)}
+    if all("engine_call_rows_mean" in m for m in kept):  # partial rollout: a step's segment calls (all steps' rows)
+        return out | {"rows_mean": round(statistics.mean(m["engine_call_rows_mean"] for m in kept), 1)}
+    return out | {"longest_reply_mean": round(statistics.mean(m.get("engine_call_longest_mean", 0.0) for m in kept), 2),
+                  "generate_outside_calls_s": round((gen - busy) / steps, 4)}
 
 
 if __name__ == "__main__":

@@ -39,24 +39,22 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from dataclasses import dataclass
 
 from rpeg.errors import RpegError
-from rpeg.graph.episode import Episode
-from rpeg.graph.job import LengthDistribution
 from rpeg.graph.layout import ParallelLayout
 from rpeg.graph.model import ModelSpec
 from rpeg.hardware.device import Device
 from rpeg.hardware.topology import Cluster
 from rpeg.perf import memory
-from rpeg.perf.collectives import Group, all_reduce_s
-from rpeg.perf.compute import BF16, eager_host_s, head_forward, layer_forward
 from rpeg.perf.cost import StageCost
-from rpeg.perf.efficiency import (DECODE_OVERHEAD_PER_SEQ_S, DECODE_STEP_OVERHEAD_S, KV_MEMORY_UTILIZATION,
-                                  KV_MEMORY_UTILIZATION_COLOCATED, Factor, host_time)
-from rpeg.perf.fitted import declare
+from rpeg.perf.efficiency import KV_MEMORY_UTILIZATION, KV_MEMORY_UTILIZATION_COLOCATED, Factor
+from rpeg.perf.engine import OUTPUT_PER_SEQ_S as OUTPUT_PER_SEQ_S  # its home is the engine model; a name here too
+from rpeg.perf.engine import SIM_SEQUENCES, GenWorkload, critical_lengths, response_lengths, sampled_response
+from rpeg.perf.engine import StepModel as _StepModel
+from rpeg.perf.engine import prefill_s as _prefill_s
+from rpeg.perf.engine import scaled_lengths as scaled_lengths
 from rpeg.perf.flops import expected_generation_flops
-from rpeg.perf.moe import busiest_rank_load, dispatch_s
+from rpeg.perf.static_engine import segment_tokens, simulate_segmented, simulate_static, static_episode_rounds
 
 # vLLM's max_num_seqs when the caller sets none (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults and
 # _set_default_max_num_seqs_and_batched_tokens_args, from v0.10 to v0.17 at least): the offline LLM class
@@ -84,66 +82,12 @@ def engine_max_seqs(layout: ParallelLayout, device: Device) -> int:
     return int((LLM_CLASS_MAX_SEQS_LARGE if large else LLM_CLASS_MAX_SEQS).value)
 
 
-OUTPUT_PER_SEQ_S = declare(
-    "generation.output_per_seq_s", unit="s per running sequence per decode step (x86 host)", bounds=(1e-6, 3e-4),
-    rows=("nemo-rl-v0.3-stages:rl:generation",), group="generation-output",
-    mechanism="host time an engine spends per running sequence after each decode step turning its sampled token "
-              "into output, on an x86 host (scaled by HOST_TIME): each request's EngineCoreOutput and vLLM V1's "
-              "OutputProcessor.process_outputs (the request's state, its new token ids and, with logprobs=0 as "
-              "NeMo-RL's SamplingParams ask at v0.3-v0.6, the sampled token's Logprob entry; incremental "
-              "detokenization and stop strings only where a tokenizer is loaded: NeMo-RL skips it when no stop "
-              "strings are set). NeMo-RL's synchronous engine runs it between steps (VLLM_ENABLE_V1_MULTIPROCESSING=0 "
-              "in its vLLM worker: vllm.LLM's engine core in the worker's process, InprocClient)")
 # the seconds of a simulated engine, by part (what `simulate_instance` returns besides its counts)
 TIME_PARTS = ("prefill", "decode", "tensor-parallel comm", "engine step overhead", "output processing")
-_GOLDEN = (math.sqrt(5) - 1) / 2
-# An engine's sequences are simulated one by one up to this many; a larger share runs as more of
-# the same waves of at most max_num_seqs (128 to 1,024) sequences, which 4,096 (4 to 32 waves) show in steady
-# state, so the simulated times are scaled by n / SIM_SEQUENCES. This keeps the cost of a stage
-# bounded whatever the batch (`rpeg plan` at 131,072 sequences on 8 GPUs took 70 s before).
-SIM_SEQUENCES = 4_096
 # An engine that never drains is priced over steps through which its batch turns over this many
 # times, so that the last, partial wave of sequences that started together (similar lengths finish
 # together) weighs at most 1/8 of a step (`steady_state`).
 STEADY_WAVES = 8
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class GenWorkload:
-    sequences: float  # per step, all instances
-    prompt_len: float
-    response: LengthDistribution
-    dtype: str = "bf16"
-    partial: bool = False  # partial rollout: the engine never drains between steps (passes/rollout.py)
-    in_flight: int = 1  # steps whose sequences the engine may hold at once (Graph.in_flight); > 1: never drains
-    refill: bool = False  # the next step's prompts enter as this step's finish (Graph.refill): never drains
-    episode: Episode | None = None  # multi-turn: `response` is sampled plus observation tokens (graph/episode.py)
-    async_bound: int = 0  # k: steps a sample may lag (an episode carried across steps spans up to k + 1)
-
-
-def sampled_response(work: GenWorkload) -> LengthDistribution:
-    """The tokens the engine samples per episode: the response less its observation tokens, every length
-    scaled by the same share (a multi-turn job's lengths are given for the whole response)."""
-    ep = work.episode
-    if ep is None or ep.observed() <= 0:
-        return work.response
-    return scaled_lengths(work.response, ep.sampled_share(work.response.mean), work.response.mean - ep.observed())
-
-
-def scaled_lengths(d: LengthDistribution, share: float, mean: float | None = None) -> LengthDistribution:
-    """`d` with every length times `share` (at least one token); `mean`: the new mean where the caller has
-    it exactly."""
-    if share == 1.0:
-        return d
-    mean = d.mean * share if mean is None else mean
-    cap = max(1, round(d.max * share))
-    if d.kind == "fixed":
-        return LengthDistribution.fixed(max(1.0, mean))
-    if d.kind == "uniform":
-        return dataclasses.replace(d, min=max(1, round(d.min * share)), max=max(cap, round(d.min * share), 1))
-    if d.kind == "empirical":
-        return dataclasses.replace(d, points=tuple(max(1, round(x * share)) for x in d.points), max=0)
-    return dataclasses.replace(d, mean=mean, max=cap)
 
 
 def episode_parts(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, work: GenWorkload,
@@ -175,83 +119,6 @@ def episode_parts(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, wor
     prefill = _prefill_s(spec, layout, cluster, n * tokens, context, work.dtype, n * k) if tokens > 0 else 0.0
     waits = k * ep.tool_latency_s / spread
     return {"observation prefill": prefill, "tool waits (critical path)": waits}
-
-
-def response_lengths(dist: LengthDistribution, n: int) -> list[float]:
-    """n lengths at quantiles (i + 0.5) / n, in a low-discrepancy (interleaved) order."""
-    qs = sorted(((i * _GOLDEN) % 1.0, i) for i in range(n))
-    return [max(1.0, round(dist.quantile((i + 0.5) / n))) for _, i in qs]
-
-
-def critical_lengths(dist: LengthDistribution, n: int, total: float) -> list[float]:
-    """The response lengths of the engine the step waits for: of `total` responses spread over the
-    engines, `n` each, the step ends when the engine holding the longest of all of them is done. Its
-    other responses are typical (quantiles of its own n); its longest is the batch's longest: the
-    median of the maximum of `total` independent lengths, quantile 0.5 ** (1 / total), not the
-    longest of a typical n."""
-    lengths = response_lengths(dist, n)
-    if total > n:
-        top = max(range(n), key=lengths.__getitem__)
-        lengths[top] = max(lengths[top], max(1.0, round(dist.quantile(0.5 ** (1 / total)))))
-    return lengths
-
-
-class _StepModel:
-    """Decode-step time for a batch of `batch` sequences holding `context` KV tokens in total."""
-
-    def __init__(self, spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, dtype: str):
-        self.spec, self.layout, self.cluster, self.dtype = spec, layout, cluster, dtype
-        self.host = host_time(cluster.device)
-
-    def overhead(self, batch: float) -> float:
-        """The engine's host time per decode step, on the CPU that drives the device (HOST_TIME)."""
-        return (DECODE_STEP_OVERHEAD_S.value + DECODE_OVERHEAD_PER_SEQ_S.value * batch) * self.host
-
-    def output(self, batch: float) -> float:
-        """The engine's host time per decode step turning `batch` sequences' tokens into outputs."""
-        return OUTPUT_PER_SEQ_S.value * batch * self.host
-
-    def __call__(self, batch: float, context: float) -> tuple[float, float]:
-        """(seconds, of which TP communication)."""
-        spec, lay = self.spec, self.layout
-        pp = lay.pp
-        mb = max(batch / pp, 1e-9)  # pp groups of the batch in flight, each through every stage
-        ctx = context / pp
-        dense = spec.layers if not spec.is_moe else spec.dense_layers
-        moe = 0 if not spec.is_moe else spec.moe_layers
-        stage = 0.0
-        kw = dict(tokens=mb, context=ctx / max(mb, 1e-9), tp=lay.tp, ep=lay.ep, kv_read_tokens=ctx, dtype=self.dtype)
-        if dense:
-            stage += layer_forward(spec, self.cluster.device, moe_layer=False, **kw).seconds * dense / pp
-        if moe:  # the busiest expert-parallel rank's experts, and the EP exchange (perf/moe.py)
-            load = busiest_rank_load(spec, lay.ep, lay.routing, lay.capacity_factor)
-            stage += layer_forward(spec, self.cluster.device, moe_layer=True, moe_load=load, **kw).seconds * moe / pp
-            stage += 2 * dispatch_s(self.cluster, spec, mb, lay.ep, lay.dispatcher, load) * moe / pp
-        stage += head_forward(spec, self.cluster.device, tokens=mb, tp=lay.tp, dtype=self.dtype, decode=True).seconds / pp
-        comm = 2 * spec.layers / pp * all_reduce_s(self.cluster, mb * spec.hidden * BF16, Group(lay.tp, 1))
-        # an eager engine's host time per forward call, where measured (cpu-local)
-        stage += eager_host_s(self.cluster.device, spec.layers / pp)
-        return pp * (stage + comm) + self.overhead(batch), pp * comm
-
-
-def _prefill_s(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, tokens: float, prompt: float,
-               dtype: str, sequences: float) -> float:
-    """A prefill of `tokens` tokens of `sequences` sequences: the decoder layers over every token, the
-    vocabulary head over each sequence's last position only (vLLM computes logits only where it
-    samples: the first response token)."""
-    if tokens <= 0:
-        return 0.0
-    kw = dict(tokens=tokens / layout.pp, context=prompt / 2, tp=layout.tp, ep=layout.ep, dtype=dtype)
-    dense = spec.layers if not spec.is_moe else spec.dense_layers
-    t = layer_forward(spec, cluster.device, moe_layer=False, **kw).seconds * dense
-    if spec.is_moe:  # the busiest expert-parallel rank's experts, and the EP exchange (perf/moe.py)
-        load = busiest_rank_load(spec, layout.ep, layout.routing, layout.capacity_factor)
-        t += layer_forward(spec, cluster.device, moe_layer=True, moe_load=load, **kw).seconds * spec.moe_layers
-        t += 2 * dispatch_s(cluster, spec, tokens / layout.pp, layout.ep, layout.dispatcher, load) * spec.moe_layers
-    t += head_forward(spec, cluster.device, tokens=sequences, tp=layout.tp, dtype=dtype).seconds
-    t += eager_host_s(cluster.device, spec.layers)  # an eager engine's host time per call, where measured
-    comm = 2 * spec.layers * all_reduce_s(cluster, tokens / layout.pp * spec.hidden * BF16, Group(layout.tp, 1))
-    return t + comm
 
 
 def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, *, n: int, prompt: float,
@@ -335,63 +202,6 @@ def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster,
             "preemptions": preemptions}
 
 
-def simulate_static(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, *, n: float, prompt: float,
-                    lengths: list[float], dtype: str = "bf16", max_seqs: int = 256) -> dict[str, float]:
-    """An engine that batches statically (ParallelLayout.static_batch: RPEG's hf engine) over `n` sequences
-    of which `lengths` are a sample: waves of up to `max_seqs`, each prefilled together and decoded until
-    its longest response ends with every row kept in the batch (a finished row decodes padding), the next
-    wave only then. Seconds by part, as simulate_instance gives them."""
-    step = _StepModel(spec, layout, cluster, dtype)
-    out = {"decode": 0.0, "prefill": 0.0, "tensor-parallel comm": 0.0, "engine step overhead": 0.0,
-           "output processing": 0.0, "decode_steps": 0.0, "preemptions": 0}
-    waves = max(1, math.ceil(n / max_seqs))
-    per = len(lengths) / waves  # the sample's sequences each wave stands for
-    for w in range(waves):
-        part = lengths[round(w * per):round((w + 1) * per)] or lengths
-        b = n / waves
-        steps = max(part) - 1  # the prefill samples the first token; then one decode step per token
-        out["prefill"] += _prefill_s(spec, layout, cluster, b * prompt, prompt, dtype, b)
-        if steps <= 0:
-            continue
-        t0, c0 = step(b, b * prompt)
-        t1, c1 = step(b, b * (prompt + steps))
-        over = step.overhead(b)
-        out["decode"] += steps * ((t0 + t1) / 2 - (c0 + c1) / 2 - over)
-        out["tensor-parallel comm"] += steps * (c0 + c1) / 2
-        out["engine step overhead"] += steps * over
-        o = step.output(b)  # as simulate_instance counts it: beside the step loop only its excess shows
-        out["output processing"] += steps * (o if layout.inline_output else max(0.0, o - (t0 + t1) / 2))
-        out["decode_steps"] += steps
-    return out
-
-
-def static_episode_rounds(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, work: GenWorkload,
-                          n: float, max_seqs: int) -> dict[str, float]:
-    """A static-batch engine's multi-turn episodes: each round of turns is one call (runtime/agent_engine.py
-    gathers the turns that are ready), which prefills every context in it again (the hf engine keeps no
-    cache between calls) and decodes until the call's longest reply ends. Rounds: the episodes' mean turns
-    rounded up (the calls a step makes when every episode's tool returns within the call's gathering
-    window); round r holds the episodes that reach it, min(1, turns - r) of them. A reply is an episode's
-    sampled tokens over its turns; the call's longest is that of the step's longest reply
-    (critical_lengths). Seconds by part, the later rounds' prefills as "observation prefill"."""
-    ep = work.episode
-    reply = scaled_lengths(sampled_response(work), 1.0 / ep.turns)
-    total: dict[str, float] = {}
-    for r in range(ep.rounds):
-        share = min(1.0, ep.turns - r)  # of the episodes, those that reach round r
-        alive = n * share
-        context = work.prompt_len + r * (reply.mean + ep.observation_tokens)
-        sim_n = max(1, min(math.ceil(alive), SIM_SEQUENCES))
-        lengths = critical_lengths(reply, sim_n, work.sequences * share)
-        part = simulate_static(spec, layout, cluster, n=alive, prompt=context, lengths=lengths, dtype=work.dtype,
-                               max_seqs=max_seqs)
-        if r:
-            part["observation prefill"] = part.pop("prefill")
-        for k, v in part.items():
-            total[k] = total.get(k, 0.0) + v
-    return total
-
-
 def steady_state(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, *, n: int, lengths: list[float],
                  ahead: int, max_seqs: int, steps: int = 1, **kw) -> dict[str, float]:
     """What one more step's `n` sequences cost an engine that never drains: (T((ahead + steps) n) -
@@ -453,7 +263,14 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
     full = work
     if work.episode is not None:  # decode the sampled tokens only; observations are prefilled (episode_parts)
         work = dataclasses.replace(work, response=sampled_response(work))
-    if work.partial:
+    segmented = work.partial and layout.static_batch and full.episode is None
+    if segmented:  # RPEG's hf engine under partial rollout: segment calls over every step in flight
+        sim_n = min(n, SIM_SEQUENCES // (work.async_bound + 1))
+        sim = simulate_segmented(spec, layout, cluster, n=n, prompt=work.prompt_len, dtype=work.dtype,
+                                 lengths=response_lengths(work.response, sim_n), segment=segment_tokens(work),
+                                 ahead=work.async_bound, max_seqs=max_seqs)
+        sim_n = n  # simulated at the step's n rows (the sample stands for them)
+    elif work.partial:
         # Never draining: a step costs what one more step's sequences add to an engine that keeps
         # running, T(2n) - T(n), its batch kept full (responses carried across steps); the tail of
         # the longest response is paid once, not every step.
@@ -485,7 +302,7 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
         sim = simulate_instance(spec, layout, cluster, n=sim_n, lengths=lengths, max_seqs=max_seqs, **kw)
     scale = n / sim_n
     sim = {k: v * scale for k, v in sim.items()}
-    if work.partial:  # once per step, whatever the number of simulated waves
+    if work.partial and not segmented:  # once per step, whatever the number of simulated waves
         sim["recompute carried KV cache"] = carried_recompute_s(spec, layout, cluster, work, capacity, n)
     spread = work.async_bound + 1 if work.partial or work.in_flight > 1 or work.refill else 1
     turns = episode_parts(spec, layout, cluster, full, n, spread) if full.episode is not None else {}

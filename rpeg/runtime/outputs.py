@@ -75,8 +75,9 @@ def write_outputs(out: str, metrics: list, timeline: Timeline, before: dict, aft
 
     files = [write_trace(timeline, os.path.join(out, "timeline.json"), "rpeg train (measured)"),
              write_gantt(timeline, os.path.join(out, "gantt.png"), "measured")]
-    if timeline.details:  # multi-turn episodes: the last step's turns, tool calls and engine calls
-        files.append(write_episodes(timeline, os.path.join(out, "episodes.png")))
+    drawn = write_episodes(timeline, os.path.join(out, "episodes.png"))  # multi-turn: the last step's episodes
+    if drawn:
+        files.append(drawn)
     files.append(plot_rewards(out, metrics, before, after))
     with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as fh:
         json.dump({"accuracy_before": before, "accuracy_after": after, "steps": len(metrics),

@@ -156,18 +156,20 @@ def _check_partial(graph: Graph) -> None:
                         "weight update at the same segment)")
 
 
-def runnable_plan(graph: Graph, cluster: Cluster, gpus: int, micro_batch: int = 64, engine: str = "hf") -> Candidate:
+def runnable_plan(graph: Graph, cluster: Cluster, gpus: int, micro_batch: int = 64, engine: str = "hf",
+                  partial: bool = False) -> Candidate:
     """The fastest plan the runtime can honour: data parallelism only, whole batches, no streaming;
     every training and forward pass in micro-batches of `micro_batch` padded rows (`runtime.micro_batch`),
     stated in the plan's layouts so that the prediction counts the micro-batches the runtime runs (the
     runtime takes them from the layouts). Where no plan fits at `micro_batch` rows (the full-vocabulary
     fp32 logits of 64 padded rows of long sequences overflow any GPU: rpeg/perf/logits.py), the
     micro-batch is halved until one fits; the plan's name says so. With `engine` "hf" the generation
-    layouts say the engine batches statically (ParallelLayout.static_batch), as RPEG's hf engine does."""
+    layouts say the engine batches statically (ParallelLayout.static_batch), as RPEG's hf engine does.
+    `partial`: the fastest such plan with partial rollout (engines of their own, k = 1), for measuring it."""
     rows = micro_batch
     while True:
         try:
-            cand = _runnable_plan(graph, cluster, gpus, rows, engine == "hf")
+            cand = _runnable_plan(graph, cluster, gpus, rows, engine == "hf", partial)
         except DoesNotFit:
             if rows == 1:
                 raise
@@ -179,16 +181,21 @@ def runnable_plan(graph: Graph, cluster: Cluster, gpus: int, micro_batch: int = 
                                               f"{micro_batch} does not fit)")
 
 
-def _runnable_plan(graph: Graph, cluster: Cluster, gpus: int, micro_batch: int, static: bool) -> Candidate:
+def _runnable_plan(graph: Graph, cluster: Cluster, gpus: int, micro_batch: int, static: bool,
+                   partial: bool = False) -> Candidate:
     options = LayoutOptions(train_tp=(1,), train_pp=(1,), train_cp=(1,), zero=(3,), infer_zero=(0, 3), gen_tp=(1,),
                             expert_parallel=False, sequence_parallel=False, micro_batch=micro_batch, packing=False,
                             offload=False, gen_static_batch=static)
-    space = SpaceOptions(share=False, fuse=True, stream=False, placements=("colocated", "split"), partial_rollout=False)
+    space = SpaceOptions(share=False, fuse=True, stream=False, placements=("colocated", "split"),
+                         partial_rollout=partial)
     result = search(graph, cluster, gpus, max_staleness=1, options=options, space=space, budget=200)
     for cand in result.ranked:
+        if partial and not cand.graph.partial_rollout:
+            continue
         try:
             check_plan(cand.graph)
             return cand
         except RpegError:
             continue
-    raise RpegError("no plan the runtime can run was found for this job on this machine")
+    raise RpegError("no plan the runtime can run was found for this job on this machine" + (
+        " with partial rollout (it needs engines on devices of their own: gpus >= 2)" if partial else ""))

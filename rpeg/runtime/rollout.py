@@ -8,6 +8,7 @@ it returns the log-probability of every sampled token under the sampling distrib
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -45,6 +46,8 @@ class InFlight:
     segments: int = 0
     start: float = 0.0
     start_version: int = -1
+    # the engine calls it led (advance_together): start, end, rows (of every flight in them), tokens decoded
+    calls: list[tuple[float, float, int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.prompts)
@@ -57,26 +60,83 @@ class InFlight:
     def finished(self) -> bool:
         return all(self.done)
 
+    def running(self) -> list[int]:
+        return [i for i, d in enumerate(self.done) if not d]
+
+    def budget(self) -> int:
+        """Tokens its next segment adds to each running sequence: at most `segment`, and no more than
+        max_new_tokens allows (its running sequences all have the same number of tokens: they started
+        together and each segment adds `segment` tokens to a sequence unless it ends)."""
+        rows = self.running()
+        return min(self.segment, self.params.max_new_tokens - len(self.tokens[rows[0]])) if rows else 0
+
+    def samples_like(self, other: InFlight) -> bool:
+        """Whether one engine call can sample both: the same temperature and greedy choice."""
+        return (self.params.temperature, self.params.greedy) == (other.params.temperature, other.params.greedy)
+
     def advance(self, engine) -> bool:
-        """One segment, on the engine's current weights, for every sequence still running (all of them
-        have the same number of tokens: they started together and each segment adds `segment` tokens
-        to a sequence unless it ends). True when every sequence is done."""
-        if self.start_version < 0:
-            self.start_version = engine.version
-        active = [i for i, d in enumerate(self.done) if not d]
-        if not active:
-            return True
-        n = min(self.segment, self.params.max_new_tokens - len(self.tokens[active[0]]))
-        out, lps = engine.generate([self.prompts[i] + self.tokens[i] for i in active],
-                                   replace(self.params, max_new_tokens=n), self.seed + 7919 * self.segments)
-        for i, toks, lp in zip(active, out, lps):
-            self.tokens[i] += toks
-            self.logprobs[i] += lp
-            self.versions[i] += [engine.version] * len(toks)
-            self.done[i] = (not toks or toks[-1] == engine.eos_id or len(toks) < n
-                            or len(self.tokens[i]) >= self.params.max_new_tokens)
-        self.segments += 1
+        """One segment, on the engine's current weights, for every sequence still running. True when
+        every sequence is done."""
+        advance_together([self], engine)
         return self.finished
+
+
+def advance_together(flights: list[InFlight], engine) -> None:
+    """One engine call: a segment for every running sequence of `flights` (of several launched steps,
+    sampled alike: InFlight.samples_like), on the engine's current weights. The call decodes the longest
+    budget among them; a sequence keeps the tokens of its own budget. It is the first flight's turn: its
+    seed and segment count pick the call's random stream, and the call is recorded in its `calls`."""
+    lead = flights[0]
+    parts = [(f, f.running(), f.budget()) for f in flights if not f.finished]
+    if not parts:
+        return
+    for f, _, _ in parts:
+        if f.start_version < 0:
+            f.start_version = engine.version
+    n = max(b for _, _, b in parts)
+    prompts = [f.prompts[i] + f.tokens[i] for f, rows, _ in parts for i in rows]
+    t = time.time()
+    out, lps = engine.generate(prompts, replace(lead.params, max_new_tokens=n), lead.seed + 7919 * lead.segments)
+    lead.calls.append((t, time.time(), len(prompts), n))
+    k = 0
+    for f, rows, b in parts:
+        for i in rows:
+            toks, lp = out[k][:b], lps[k][:b]
+            k += 1
+            f.tokens[i] += toks
+            f.logprobs[i] += lp
+            f.versions[i] += [engine.version] * len(toks)
+            f.done[i] = (not toks or toks[-1] == engine.eos_id or len(toks) < b
+                         or len(f.tokens[i]) >= f.params.max_new_tokens)
+        f.segments += 1
+
+
+class SegmentPool:
+    """Partial rollout's generations in flight on one engine, of every step launched on it: the
+    request-level pool. Each call advances the running sequences of all of them together, so a step's
+    last long responses share their calls with the next step's first tokens (one continuous batch, as
+    the planner prices partial rollout: perf/generation.py) instead of decoding alone in calls of their
+    own. A weight update enters between two calls (the worker's queue: workers.RolloutWorker)."""
+
+    def __init__(self) -> None:
+        self.flights: dict[int, InFlight] = {}
+        self._next = 0
+
+    def add(self, flight: InFlight) -> int:
+        key = self._next
+        self._next += 1
+        self.flights[key] = flight
+        return key
+
+    def advance(self, key: int, engine) -> InFlight | None:
+        """Flight `key`'s turn: unless another flight's call already finished it, one call over every
+        running flight that samples like it (it first). Then the flight, taken out of the pool, if it
+        is finished; else None."""
+        flight = self.flights[key]
+        if not flight.finished:
+            others = [f for k, f in self.flights.items() if k != key and not f.finished and f.samples_like(flight)]
+            advance_together([flight] + others, engine)
+        return self.flights.pop(key) if flight.finished else None
 
 
 class HFEngine:

@@ -189,9 +189,12 @@ class _Runner:
 
     def _episodes(self, stage: str, step: int, part: int, first: int, res) -> None:
         """A generated part's episodes in the timeline's details: a lane per episode (its turns, from the
-        request to the reply, and its tool calls) and per engine (its calls, with the turns each batched)."""
+        request to the reply, and its tool calls) and per engine (its calls, with the turns each batched;
+        under partial rollout, the segment calls that were the step's turn, with the sequences of every
+        step in flight that each batched)."""
         where = self._where(stage) | {"step": step, "microbatch": part}
-        for i, events in enumerate(res.events):
+        what = "turns" if res.events is not None else "sequences"
+        for i, events in enumerate(res.events or ()):
             turn = 0
             for kind, start, end in events:
                 turn += kind == "generate"
@@ -200,7 +203,7 @@ class _Runner:
                                            end=end - self.t0, label=f"{kind} {turn} s{step}", **where))
         for engine, start, end, turns, longest in res.engine_calls or ():
             self.details.append(Record(unit=f"{stage} · engine {engine}", kind="engine", start=start - self.t0,
-                                       end=end - self.t0, label=f"{turns} turns, {longest} tokens s{step}", **where))
+                                       end=end - self.t0, label=f"{turns} {what}, {longest} tokens s{step}", **where))
 
     def _sync(self, version: int, step: int) -> None:
         self._record(self.names.sync, step, self.roles.push_weights(version), self.names.generate)

@@ -44,7 +44,9 @@ class Rollout:
     turns: list | None = None
     tool_calls: list | None = None
     events: list | None = None
-    engine_calls: list | None = None  # episodes: per engine call, (engine, start, end, turns batched, longest reply)
+    # per engine call, (engine, start, end, turns batched, longest reply) with episodes; with partial rollout,
+    # (engine, start, end, sequences batched (of every step in flight on the engine), tokens decoded)
+    engine_calls: list | None = None
 
     EPISODE_FIELDS = ("loss_masks", "env_rewards", "outcomes", "turns", "tool_calls", "events")  # per sample
     SAVED_EPISODE_FIELDS = EPISODE_FIELDS + ("engine_calls",)  # what a checkpoint keeps of a generation in flight
@@ -181,7 +183,7 @@ class Steps:
         for c, first, res in self._parts(item):
             check_staleness(step, first, res.token_versions or res.versions, self.g.async_bound)
             self.record(names.generate, step, res.span, microbatch=c)
-            if res.events is not None and self.details is not None:
+            if (res.events is not None or res.engine_calls) and self.details is not None:
                 self.details(names.generate, step, c, first, res)
             if res.env_rewards is not None:  # the environment scored each episode as it ended
                 scores, rule = torch.tensor(res.env_rewards), torch.tensor(res.outcomes)
@@ -228,6 +230,10 @@ class Steps:
             spans = [len(set(tv)) for d in drawn for tv in d[2].token_versions or [] if tv]
             m["versions_per_response_max"] = max(spans, default=1)
             m["mixed_version_frac"] = sum(x > 1 for x in spans) / max(1, len(spans))
+            calls = [c for d in drawn for c in d[2].engine_calls or ()]
+            if calls:  # the segment calls that were this step's turn, and the sequences each batched (all steps')
+                m["engine_calls"] = float(len(calls))
+                m["engine_call_rows_mean"] = sum(c[3] for c in calls) / len(calls)
         greedy_scores = None
         if names.greedy:
             greedy, span = self._greedy(item)
@@ -380,6 +386,8 @@ def _joined(prompts: list, outs: list) -> Rollout:
                 [o.version for o in outs for _ in o.responses])
     if ep:
         ep["engine_calls"] = [(e, *call) for e, o in enumerate(outs) for call in o.episodes.engine_calls]
+    elif partial:  # the segment calls it was the turn of (a call may carry other steps' sequences too)
+        ep["engine_calls"] = [(e, *call) for e, o in enumerate(outs) for call in o.engine_calls or ()]
     return Rollout(prompts, [r for o in outs for r in o.responses], [lp for o in outs for lp in o.logprobs],
                    versions, joined(o.span for o in outs),
                    token_versions=[tv for o in outs for tv in o.token_versions] if partial else None, **ep)

@@ -21,7 +21,7 @@ from rpeg.graph.config import AlgoConfig
 from rpeg.runtime.agent_engine import Episodes, EnvSpec, episodes_on
 from rpeg.runtime.batch import Batch
 from rpeg.runtime.models import autocast
-from rpeg.runtime.rollout import HFEngine, InFlight, SamplingParams
+from rpeg.runtime.rollout import HFEngine, InFlight, SamplingParams, SegmentPool
 from rpeg.runtime.trainer import MicroBatch, OptimConfig, Trainer
 from rpeg.runtime.weights import Channel, Meta, manifest
 
@@ -113,6 +113,7 @@ class Generated:
     span: Span
     token_versions: list[list[int]] | None = None  # partial rollout: each token's version
     episodes: Episodes | None = None  # multi-turn: openings, observation masks, the environment's rewards
+    engine_calls: list[tuple[float, float, int, int]] | None = None  # partial rollout: its calls (InFlight.calls)
 
 
 def _episodes(engine, tok, problems, spec: EnvSpec, params: SamplingParams, seed: int) -> Generated:
@@ -156,6 +157,7 @@ class RolloutWorker(_Where):
         self.tok = tok
         self.device = dev
         self.channel: Channel | None = None
+        self.pool = SegmentPool()  # partial rollout: every launched step's generations in flight here
 
     def generate(self, prompts, params: SamplingParams, seed: int):
         out = _timed(self.engine.generate, prompts, params, seed)
@@ -165,21 +167,21 @@ class RolloutWorker(_Where):
         """One multi-turn episode per problem (runtime.agent_engine): their turns batched on this engine."""
         return _episodes(self.engine, self.tok, problems, spec, params, seed)
 
-    def generate_partial(self, prompts, params: SamplingParams, seed: int, segment: int,
-                         state: InFlight | None = None):
-        """Partial rollout (rollout.InFlight): one segment of these generations, then either the result
-        (every sequence done) or the reference to their next segment, queued on this same engine behind
-        whatever was queued meanwhile (a weight update, another step's segment). `Engines.wait` follows
-        the references to the result."""
+    def generate_partial(self, prompts, params: SamplingParams, seed: int, segment: int, key: int = -1):
+        """Partial rollout: these generations join the engine's pool (rollout.SegmentPool) and advance a
+        segment, batched with every other launched step's in flight here; then either the result (every
+        sequence done) or the reference to their next turn (`key`: their place in the pool), queued on this
+        same engine behind whatever was queued meanwhile (a weight update, another step's turn).
+        `Engines.wait` follows the references to the result."""
+        if key < 0:
+            key = self.pool.add(InFlight(prompts, params, seed, segment, start=time.time()))
+        state = self.pool.advance(key, self.engine)
         if state is None:
-            state = InFlight(prompts, params, seed, segment, start=time.time())
-        if not state.advance(self.engine):
             import ray
 
-            return ray.get_runtime_context().current_actor.generate_partial.remote(prompts, params, seed, segment,
-                                                                                   state)
+            return ray.get_runtime_context().current_actor.generate_partial.remote(None, params, seed, segment, key)
         return Generated(state.tokens, state.logprobs, state.start_version, Span(state.start, time.time()),
-                         token_versions=state.versions)
+                         token_versions=state.versions, engine_calls=state.calls)
 
     def open_channel(self, master: str, rank: int, world: int, metas: tuple[Meta, ...]) -> None:
         """Join the weight-sync group (runtime.weights) as rank `rank` of `world`: a receiver."""

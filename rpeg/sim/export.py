@@ -100,8 +100,9 @@ def write_gantt(tl: Timeline, path: str, title: str = "", headline: str = "") ->
 
 def write_episodes(tl: Timeline, path: str, lanes: int = 16) -> str | None:
     """The last step's multi-turn episodes as a Gantt chart: the engines' calls and the first `lanes`
-    episodes' turns (request to reply) and tool calls. None when the timeline has no episodes."""
-    if not tl.details:
+    episodes' turns (request to reply) and tool calls. None when the timeline has no episodes (partial
+    rollout's segment calls alone are in the trace only)."""
+    if not any(r.kind != "engine" for r in tl.details):
         return None
     step = max(r.step for r in tl.details)
     last = [r for r in tl.details if r.step == step]

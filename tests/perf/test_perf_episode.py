@@ -11,7 +11,7 @@ from rpeg.graph import LengthDistribution as Dist
 from rpeg.graph import ParallelLayout as Layout
 from rpeg.graph import get_model
 from rpeg.hardware import load_cluster
-from rpeg.perf import generation
+from rpeg.perf import generation, static_engine
 from rpeg.perf.generation import GenWorkload, episode_parts, generation_cost, sampled_response
 
 SMALL = get_model("qwen3-0.6B")
@@ -80,7 +80,7 @@ def test_an_engine_that_never_drains_spreads_the_waits_over_the_steps_an_episode
 def test_a_static_batch_decodes_every_call_until_its_longest_reply_ends(monkeypatch):
     """RPEG's hf engine (ParallelLayout.static_batch): a wave keeps every row until its longest sequence
     ends, so a long tail costs the whole batch; continuous batching (vLLM) lets the finished rows go."""
-    monkeypatch.setattr(generation, "_prefill_s", lambda *a: 0.0)
+    monkeypatch.setattr(static_engine, "prefill_s", lambda *a: 0.0)
     lengths = [10.0] * 63 + [100.0]
     static = generation.simulate_static(SMALL, Layout(), H100, n=64, prompt=100, lengths=lengths, max_seqs=256)
     assert static["decode_steps"] == 99  # the prefill samples the first token
