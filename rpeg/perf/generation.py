@@ -91,7 +91,7 @@ STEADY_WAVES = 8
 
 
 def episode_parts(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, work: GenWorkload,
-                  n: float, spread: int = 1) -> dict[str, float]:
+                  n: float, spread: int = 1, capacity: float = math.inf) -> dict[str, float]:
     """What a multi-turn step adds to an engine's `n` episodes, beyond decoding their sampled tokens:
 
     - observation prefill: each tool turn's observation tokens are prefilled before the next reply
@@ -104,21 +104,35 @@ def episode_parts(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, wor
       that are ready (runtime/agent_engine.py). An engine that never drains (partial rollout, several
       steps in flight, refill) carries an episode across steps: it may span the k + 1 steps the
       staleness bound allows, so its waits are spread over them, 1 / (k + 1) a step (`spread`); a wait
-      longer than that stretches the steps (or, in the peers, drops the episode as too stale)."""
+      longer than that stretches the steps (or, in the peers, drops the episode as too stale);
+    - prefix cache evictions: a waiting episode's context is not reserved. vLLM frees a finished turn's
+      blocks to its prefix cache, where they stay only while the KV cache (`capacity` tokens) has room
+      for them; under pressure the least recently used are evicted, and that episode's next turn
+      prefills its whole context again. The share that survives is taken as capacity over what the
+      engine's `n` episodes hold at mid-episode (prompt + half their turns), at most 1: the prefix
+      cache's hit rate when every episode's context competes for the same blocks. The extra prefill of
+      the rest is this line; without the cache every turn pays it already."""
     ep = work.episode
     k = ep.tool_turns
     if k <= 0:
         return {}
     per_turn = sampled_response(work).mean / ep.turns + ep.observation_tokens
+    full = k * work.prompt_len + per_turn * k * (k + 1) / 2  # turn j (1..k) prefills the prompt and j turns again
     if ep.prefix_cache:
         tokens = k * ep.observation_tokens
         context = work.prompt_len + ep.turns * per_turn / 2
-    else:  # turn j (1..k) prefills the prompt and j turns of reply and observation again
-        tokens = k * work.prompt_len + per_turn * k * (k + 1) / 2
+    else:
+        tokens = full
         context = tokens / k
     prefill = _prefill_s(spec, layout, cluster, n * tokens, context, work.dtype, n * k) if tokens > 0 else 0.0
     waits = k * ep.tool_latency_s / spread
-    return {"observation prefill": prefill, "tool waits (critical path)": waits}
+    out = {"observation prefill": prefill, "tool waits (critical path)": waits}
+    held = n * (work.prompt_len + ep.turns * per_turn / 2)
+    evicted = max(0.0, 1.0 - capacity / held) if ep.prefix_cache and held > 0 else 0.0
+    if evicted > 0:  # a line only where the cache overflows
+        extra = evicted * n * (full - tokens)
+        out["prefix cache evictions"] = _prefill_s(spec, layout, cluster, extra, full / k, work.dtype, evicted * n * k)
+    return out
 
 
 def simulate_instance(spec: ModelSpec, layout: ParallelLayout, cluster: Cluster, *, n: int, prompt: float,
@@ -305,7 +319,7 @@ def generation_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster:
     if work.partial and not segmented:  # once per step, whatever the number of simulated waves
         sim["recompute carried KV cache"] = carried_recompute_s(spec, layout, cluster, work, capacity, n)
     spread = work.async_bound + 1 if work.partial or work.in_flight > 1 or work.refill else 1
-    turns = episode_parts(spec, layout, cluster, full, n, spread) if full.episode is not None else {}
+    turns = episode_parts(spec, layout, cluster, full, n, spread, capacity) if full.episode is not None else {}
     if "observation prefill" in sim:  # the static rounds prefilled each call's contexts themselves
         turns["observation prefill"] = sim.pop("observation prefill")
     sim |= turns

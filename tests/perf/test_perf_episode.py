@@ -120,3 +120,35 @@ def test_the_runtime_plans_its_hf_engine_as_a_static_batch():
     assert "static-batch" in layouts["hf"].describe()
     with pytest.raises(RpegError, match="static_batch = 'yes' must be true or false"):
         Layout(static_batch="yes")
+
+
+def test_waiting_contexts_that_overflow_the_kv_cache_are_prefilled_again(monkeypatch):
+    """A waiting episode's context stays in vLLM's prefix cache only while the KV cache has room: what the
+    episodes hold at mid-episode beyond the capacity is evicted, and its next turn prefills the whole context."""
+    seen = []
+    monkeypatch.setattr(generation, "_prefill_s", lambda spec, lay, cl, tokens, context, dtype, seqs:
+                        seen.append((tokens, seqs)) or tokens / 1000)
+    ep = Episode(turns=3, max_turns=3, observation_tokens=50)
+    w = work(Dist.fixed(1000), ep)  # 300 sampled a turn + 50: 350; mid-episode 100 + 3 x 350 / 2 = 625
+    roomy = episode_parts(SMALL, Layout(), H100, w, n=4, capacity=4 * 625)
+    assert "prefix cache evictions" not in roomy  # every waiting context fits
+    tight = episode_parts(SMALL, Layout(), H100, w, n=4, capacity=625)  # a quarter of what they hold
+    # three quarters of the 4 episodes re-prefill the whole context (1,250 a turn pair) instead of 2 x 50
+    assert seen[-1] == (pytest.approx(0.75 * 4 * (1250 - 100)), pytest.approx(0.75 * 4 * 2))
+    assert tight["prefix cache evictions"] == pytest.approx(0.75 * 4 * 1150 / 1000)
+    assert tight["observation prefill"] == roomy["observation prefill"]
+    without = episode_parts(SMALL, Layout(), H100, work(Dist.fixed(1000), ep.replace(prefix_cache=False)), n=4,
+                            capacity=625)
+    assert "prefix cache evictions" not in without  # it prefills everything every turn already
+
+
+def test_long_agent_episodes_overflow_the_prefix_cache_of_a_colocated_engine():
+    # Qwen2.5-7B, 4 engines of TP 2 colocated on 8 H100s (docs/perf.md); 512 episodes of 4,096-token prompts
+    qwen, lay = get_model("qwen2.5-7B"), Layout(tp=2, dp=4)
+    long = GenWorkload(sequences=512, prompt_len=4096, response=Dist(kind="lognormal", mean=24000, max=96000),
+                       episode=Episode(turns=30, max_turns=60, observation_tokens=512, tool_latency_s=1.0))
+    parts = dict(generation_cost("g", qwen, lay, H100, long, colocated=True).parts)
+    assert parts["prefix cache evictions"] > 0.3 * sum(parts.values())
+    short = GenWorkload(sequences=512, prompt_len=4096, response=Dist(kind="lognormal", mean=4096, max=16384),
+                        episode=Episode(turns=6, max_turns=16, observation_tokens=256, tool_latency_s=1.0))
+    assert "prefix cache evictions" not in dict(generation_cost("g", qwen, lay, H100, short, colocated=True).parts)
