@@ -10,6 +10,10 @@ Every estimator takes the same keyword arguments and returns (advantages (B, T),
     old_logprobs (B, T)     log pi_old per token (KL in the reward)
     ref_logprobs (B, T)     log pi_ref per token (KL in the reward)
     greedy_scores (P,)      reward of each prompt's greedy response, indexed by group_index (remax)
+    token_scores (B, T)     rewards where they were earned, or None: a multi-turn episode's turn rewards
+                            on each turn's last sampled token and its outcome on the last; each row sums
+                            to its score. Token-level estimators (gae, reinforce_pp, remax) read them in
+                            place of the score on the last token; outcome estimators read the score
     config                  AlgoConfig
 
 KL in the reward: when config.kl_in == "reward" and kl_coef > 0 every estimator penalizes
@@ -58,10 +62,14 @@ def kl_reward(mask: Tensor, old_logprobs: Tensor | None, ref_logprobs: Tensor | 
     return torch.where(m, -config.kl_coef * kl, torch.zeros_like(kl))
 
 
-def token_rewards(scores: Tensor, mask: Tensor, kl: Tensor) -> Tensor:
+def token_rewards(scores: Tensor, mask: Tensor, kl: Tensor, token_scores: Tensor | None = None) -> Tensor:
     """Token rewards (B, T): the KL penalty kl (B, T) plus each score (B,) on its sequence's
-    last response token."""
+    last response token, or with `token_scores` (B, T) those rewards where they were earned."""
     m = mask.bool()
+    if token_scores is not None:
+        if token_scores.shape != m.shape:
+            raise RpegError(f"token_scores has shape {tuple(token_scores.shape)}, expected {tuple(m.shape)}")
+        return torch.where(m, kl + token_scores.to(kl.dtype), torch.zeros_like(kl))
     pos = torch.arange(m.shape[1], device=m.device)
     last = torch.where(m, pos, -1).max(dim=1).values  # (B,), -1 for an empty row
     at_last = (pos == last[:, None]) & m
@@ -129,13 +137,14 @@ def _outcome(scores: Tensor, mask: Tensor, old_logprobs: Tensor | None, ref_logp
 
 def gae(*, scores: Tensor, mask: Tensor, group_index: Tensor | None = None, values: Tensor | None = None,
         old_logprobs: Tensor | None = None, ref_logprobs: Tensor | None = None,
-        greedy_scores: Tensor | None = None, config: AlgoConfig) -> tuple[Tensor, Tensor]:
+        greedy_scores: Tensor | None = None,
+        token_scores: Tensor | None = None, config: AlgoConfig) -> tuple[Tensor, Tensor]:
     """PPO's advantages: GAE(gamma, lam) over token rewards (KL penalty per token, score on the
-    last token) and critic values (B, T); returns = raw advantages + values (B, T); advantages
+    last token, or the token_scores where given) and critic values (B, T); returns = raw advantages + values (B, T); advantages
     whitened over the batch's response tokens. Schulman et al. 2016 (arXiv 1506.02438);
     the RLHF reward from Ouyang et al. 2022 (arXiv 2203.02155)."""
     _need("gae", values=values)
-    rewards = token_rewards(scores, mask, kl_reward(mask, old_logprobs, ref_logprobs, config))
+    rewards = token_rewards(scores, mask, kl_reward(mask, old_logprobs, ref_logprobs, config), token_scores)
     adv = gae_advantages(rewards, values.to(rewards.dtype), mask, config.gamma, config.lam)
     returns = torch.where(mask.bool(), adv + values, torch.zeros_like(adv))
     return masked_whiten(adv, mask), returns
@@ -143,7 +152,8 @@ def gae(*, scores: Tensor, mask: Tensor, group_index: Tensor | None = None, valu
 
 def grpo(*, scores: Tensor, mask: Tensor, group_index: Tensor | None = None, values: Tensor | None = None,
          old_logprobs: Tensor | None = None, ref_logprobs: Tensor | None = None,
-         greedy_scores: Tensor | None = None, config: AlgoConfig) -> tuple[Tensor, None]:
+         greedy_scores: Tensor | None = None,
+        token_scores: Tensor | None = None, config: AlgoConfig) -> tuple[Tensor, None]:
     """(score - group mean) / (group std + 1e-6), or score - group mean when not
     config.norm_adv_by_std, on every token (B, T). Std is unbiased; a group of one gets 0.
     Shao et al. 2024, DeepSeekMath (arXiv 2402.03300), section 4.1.2."""
@@ -156,7 +166,8 @@ def grpo(*, scores: Tensor, mask: Tensor, group_index: Tensor | None = None, val
 
 def dr_grpo(*, scores: Tensor, mask: Tensor, group_index: Tensor | None = None, values: Tensor | None = None,
             old_logprobs: Tensor | None = None, ref_logprobs: Tensor | None = None,
-            greedy_scores: Tensor | None = None, config: AlgoConfig) -> tuple[Tensor, None]:
+            greedy_scores: Tensor | None = None,
+        token_scores: Tensor | None = None, config: AlgoConfig) -> tuple[Tensor, None]:
     """score - group mean on every token (B, T); never divided by the std (whatever
     norm_adv_by_std says). Liu et al. 2025, Dr. GRPO (arXiv 2503.20783), section 3.1."""
     _need("dr_grpo", group_index=group_index)
@@ -167,7 +178,8 @@ def dr_grpo(*, scores: Tensor, mask: Tensor, group_index: Tensor | None = None, 
 
 def rloo(*, scores: Tensor, mask: Tensor, group_index: Tensor | None = None, values: Tensor | None = None,
          old_logprobs: Tensor | None = None, ref_logprobs: Tensor | None = None,
-         greedy_scores: Tensor | None = None, config: AlgoConfig) -> tuple[Tensor, None]:
+         greedy_scores: Tensor | None = None,
+        token_scores: Tensor | None = None, config: AlgoConfig) -> tuple[Tensor, None]:
     """score - mean of the group's other k - 1 scores, on every token (B, T); the score
     includes the summed KL penalty when the KL is in the reward. Needs k >= 2.
     Ahmadian et al. 2024 (arXiv 2402.14740), eq. 7; Kool et al. 2019."""
@@ -184,18 +196,18 @@ def rloo(*, scores: Tensor, mask: Tensor, group_index: Tensor | None = None, val
 def reinforce_pp(*, scores: Tensor, mask: Tensor, group_index: Tensor | None = None,
                  values: Tensor | None = None, old_logprobs: Tensor | None = None,
                  ref_logprobs: Tensor | None = None, greedy_scores: Tensor | None = None,
-                 config: AlgoConfig) -> tuple[Tensor, None]:
+                 token_scores: Tensor | None = None, config: AlgoConfig) -> tuple[Tensor, None]:
     """Discounted (gamma) returns of the token rewards (KL penalty per token, score on the last
-    token), whitened over all response tokens of the batch: (B, T).
+    token, or the token_scores where given), whitened over all response tokens of the batch: (B, T).
     Hu 2025, REINFORCE++ (arXiv 2501.03262), section 3."""
-    rewards = token_rewards(scores, mask, kl_reward(mask, old_logprobs, ref_logprobs, config))
+    rewards = token_rewards(scores, mask, kl_reward(mask, old_logprobs, ref_logprobs, config), token_scores)
     return masked_whiten(discounted_returns(rewards, mask, config.gamma), mask), None
 
 
 def reinforce_pp_baseline(*, scores: Tensor, mask: Tensor, group_index: Tensor | None = None,
                           values: Tensor | None = None, old_logprobs: Tensor | None = None,
                           ref_logprobs: Tensor | None = None, greedy_scores: Tensor | None = None,
-                          config: AlgoConfig) -> tuple[Tensor, None]:
+                          token_scores: Tensor | None = None, config: AlgoConfig) -> tuple[Tensor, None]:
     """score - group mean on every token, then whitened over all response tokens of the batch
     (so longer sequences weigh more in the statistics): (B, T). The KL usually goes in the loss.
     Hu 2025, REINFORCE++ (arXiv 2501.03262), the group-baseline variant."""
@@ -207,7 +219,8 @@ def reinforce_pp_baseline(*, scores: Tensor, mask: Tensor, group_index: Tensor |
 
 def remax(*, scores: Tensor, mask: Tensor, group_index: Tensor | None = None, values: Tensor | None = None,
           old_logprobs: Tensor | None = None, ref_logprobs: Tensor | None = None,
-          greedy_scores: Tensor | None = None, config: AlgoConfig) -> tuple[Tensor, None]:
+          greedy_scores: Tensor | None = None,
+        token_scores: Tensor | None = None, config: AlgoConfig) -> tuple[Tensor, None]:
     """Each token's reward-to-go minus greedy_scores[group_index] (the greedy response's reward for
     the same prompt): (B, T). Without a KL penalty in the reward, the reward-to-go is the score on
     every token. With one, token t gets the score plus the penalties of tokens t.. T only (the
@@ -220,7 +233,7 @@ def remax(*, scores: Tensor, mask: Tensor, group_index: Tensor | None = None, va
     _need("remax", group_index=group_index, greedy_scores=greedy_scores)
     if group_index.min() < 0 or group_index.max() >= greedy_scores.shape[0]:
         raise RpegError(f"remax: group_index must lie in [0, {greedy_scores.shape[0]}), the greedy_scores rows")
-    rewards = token_rewards(scores, mask, kl_reward(mask, old_logprobs, ref_logprobs, config))
+    rewards = token_rewards(scores, mask, kl_reward(mask, old_logprobs, ref_logprobs, config), token_scores)
     to_go = discounted_returns(rewards, mask, 1.0)
     baseline = greedy_scores[group_index].to(to_go.dtype)
     return torch.where(mask.bool(), to_go - baseline[:, None], torch.zeros_like(to_go)), None

@@ -202,6 +202,8 @@ class Episodes:
     # calls as (start, end, turns batched, longest reply)
     events: list[list[tuple[str, float, float]]] = field(default_factory=list)
     engine_calls: list[tuple[float, float, int, int]] = field(default_factory=list)
+    # per response token, the rewards earned there: each turn's on its last sampled token, the outcome on the last
+    token_rewards: list[list[float]] = field(default_factory=list)
 
 
 def episodes_on(engine, tok, problems: list, spec: EnvSpec, params, seed: int, max_batch: int = 256) -> Episodes:
@@ -217,4 +219,4 @@ def episodes_on(engine, tok, problems: list, spec: EnvSpec, params, seed: int, m
                     [t.logprobs[t.prompt_len:] for t in trajs], [t.loss_mask[t.prompt_len:] for t in trajs],
                     [t.reward for t in trajs], [t.outcome for t in trajs], [t.turns for t in trajs],
                     [t.tool_calls for t in trajs], [t.first_version for t in trajs], [list(t.events) for t in trajs],
-                    list(llm.spans))
+                    list(llm.spans), [t.rewards[t.prompt_len:] for t in trajs])

@@ -77,10 +77,12 @@ class Batch:
 
 def build_batch(prompts: list[list[int]], responses: list[list[int]], logprobs: list[list[float]],
                 group_index: list[int], versions: list[int], pad_id: int,
-                loss_masks: list[list[int]] | None = None) -> Batch:
+                loss_masks: list[list[int]] | None = None, token_rewards: list[list[float]] | None = None) -> Batch:
     """Pad prompts left and responses right into one Batch. `loss_masks`: per response token, 1 where the
     engine sampled it and 0 on a multi-turn episode's observation tokens, which then stay out of `mask`
-    (and so out of every loss, KL, entropy, ratio and advantage) while the model still reads them."""
+    (and so out of every loss, KL, entropy, ratio and advantage) while the model still reads them.
+    `token_rewards`: per response token, the rewards an episode earned there (its turns', its outcome),
+    shifted like `mask` into extras["token_scores"], which the token-level advantage estimators read."""
     b = len(prompts)
     p = max(len(x) for x in prompts)
     r = max(1, max(len(x) for x in responses))
@@ -88,6 +90,7 @@ def build_batch(prompts: list[list[int]], responses: list[list[int]], logprobs: 
     attn = torch.zeros((b, p + r), dtype=torch.long)
     mask = torch.zeros((b, p + r - 1))
     lps = torch.zeros((b, p + r - 1))
+    earned = torch.zeros((b, p + r - 1)) if token_rewards is not None else None
     for i, (pr, rs, lp) in enumerate(zip(prompts, responses, logprobs)):
         ids[i, p - len(pr):p] = torch.tensor(pr, dtype=torch.long)
         attn[i, p - len(pr):p] = 1
@@ -97,6 +100,9 @@ def build_batch(prompts: list[list[int]], responses: list[list[int]], logprobs: 
             mask[i, p - 1:p - 1 + len(rs)] = 1.0 if loss_masks is None else torch.tensor(loss_masks[i],
                                                                                           dtype=torch.float32)
             lps[i, p - 1:p - 1 + len(rs)] = torch.tensor(lp, dtype=torch.float32)
+            if earned is not None:
+                earned[i, p - 1:p - 1 + len(rs)] = torch.tensor(token_rewards[i], dtype=torch.float32)
     return Batch(input_ids=ids, attention_mask=attn, mask=mask, prompt_len=p,
                  group_index=torch.tensor(group_index, dtype=torch.long),
-                 weight_version=torch.tensor(versions, dtype=torch.long), rollout_logprobs=lps)
+                 weight_version=torch.tensor(versions, dtype=torch.long), rollout_logprobs=lps,
+                 extras={} if earned is None else {"token_scores": earned})

@@ -44,11 +44,13 @@ class Rollout:
     turns: list | None = None
     tool_calls: list | None = None
     events: list | None = None
+    token_rewards: list | None = None  # episodes: per response token, the rewards earned there (turns', outcome)
     # per engine call, (engine, start, end, turns batched, longest reply) with episodes; with partial rollout,
     # (engine, start, end, sequences batched (of every step in flight on the engine), tokens decoded)
     engine_calls: list | None = None
 
-    EPISODE_FIELDS = ("loss_masks", "env_rewards", "outcomes", "turns", "tool_calls", "events")  # per sample
+    EPISODE_FIELDS = ("loss_masks", "env_rewards", "outcomes", "turns", "tool_calls", "events",  # per sample
+                      "token_rewards")
     SAVED_EPISODE_FIELDS = EPISODE_FIELDS + ("engine_calls",)  # what a checkpoint keeps of a generation in flight
 
     def as_dict(self) -> dict:  # the checkpoint's format for generations in flight
@@ -205,7 +207,8 @@ class Steps:
             batch = build_batch(*([x[i] for i in rows] for x in (res.prompts, res.responses, res.logprobs)),
                                 [first // n + i // n for i in range(len(rows))], [res.versions[i] for i in rows],
                                 self.tok.pad_token_id,
-                                None if res.loss_masks is None else [res.loss_masks[i] for i in rows])
+                                None if res.loss_masks is None else [res.loss_masks[i] for i in rows],
+                                None if res.token_rewards is None else [res.token_rewards[i] for i in rows])
             batch.scores = scores[rows]
             self._infer(step, c, batch)
             if self.part_advantages:
@@ -303,7 +306,8 @@ class Steps:
         adv, returns = algos.compute_advantages(
             cfg.adv_estimator, scores=batch.scores, mask=batch.mask, group_index=batch.group_index,
             values=batch.extras.get("values"), old_logprobs=batch.extras["old_logprobs"],
-            ref_logprobs=batch.extras.get("ref_logprobs"), greedy_scores=greedy_scores, config=cfg)
+            ref_logprobs=batch.extras.get("ref_logprobs"), greedy_scores=greedy_scores,
+            token_scores=batch.extras.get("token_scores"), config=cfg)
         batch.extras["advantages"] = adv
         if returns is not None:
             batch.extras["returns"] = returns
@@ -379,7 +383,7 @@ def _joined(prompts: list, outs: list) -> Rollout:
         prompts = [x for o in outs for x in o.episodes.openings]
         # Rollout's field <- Episodes' field
         sources = {"loss_masks": "loss_masks", "env_rewards": "rewards", "outcomes": "outcomes", "turns": "turns",
-                   "tool_calls": "tool_calls", "events": "events"}
+                   "tool_calls": "tool_calls", "events": "events", "token_rewards": "token_rewards"}
         ep = {k: [x for o in outs for x in getattr(o.episodes, src)] for k, src in sources.items()}
     # an episode's staleness counts from its first sampled token's weights (Episodes.versions)
     versions = ([v for o in outs for v in o.episodes.versions] if ep else
