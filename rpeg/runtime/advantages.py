@@ -137,11 +137,11 @@ def _outcome(scores: Tensor, mask: Tensor, old_logprobs: Tensor | None, ref_logp
 
 def gae(*, scores: Tensor, mask: Tensor, group_index: Tensor | None = None, values: Tensor | None = None,
         old_logprobs: Tensor | None = None, ref_logprobs: Tensor | None = None,
-        greedy_scores: Tensor | None = None,
-        token_scores: Tensor | None = None, config: AlgoConfig) -> tuple[Tensor, Tensor]:
+        greedy_scores: Tensor | None = None, token_scores: Tensor | None = None,
+        config: AlgoConfig) -> tuple[Tensor, Tensor]:
     """PPO's advantages: GAE(gamma, lam) over token rewards (KL penalty per token, score on the
-    last token, or the token_scores where given) and critic values (B, T); returns = raw advantages + values (B, T); advantages
-    whitened over the batch's response tokens. Schulman et al. 2016 (arXiv 1506.02438);
+    last token, or the token_scores where given) and critic values (B, T); returns = raw advantages
+    + values (B, T); advantages whitened over the batch's response tokens. Schulman et al. 2016 (arXiv 1506.02438);
     the RLHF reward from Ouyang et al. 2022 (arXiv 2203.02155)."""
     _need("gae", values=values)
     rewards = token_rewards(scores, mask, kl_reward(mask, old_logprobs, ref_logprobs, config), token_scores)

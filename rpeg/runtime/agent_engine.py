@@ -88,8 +88,11 @@ class BatchingLLM:
             start = time.time()
             try:
                 prompts = [ids for ids, _ in batch]
-                out, lps = await (self.call(prompts, self.params, seed) if self.call is not None else
-                                  asyncio.to_thread(self.engine.generate, prompts, self.params, seed))
+                got = await (self.call(prompts, self.params, seed) if self.call is not None else
+                             asyncio.to_thread(self.engine.generate, prompts, self.params, seed))
+                out, lps = got[0], got[1]
+                if len(got) > 2:  # the version the engine held when it served the call (OwnerThread)
+                    version = got[2]
             except Exception as e:  # every episode in the batch sees the engine's failure
                 self.spans.append((start, time.time(), len(batch), 0))
                 for _, fut in batch:
@@ -117,6 +120,7 @@ class OwnerThread:
         self.calls: queue.Queue = queue.Queue()
 
     async def generate(self, prompts, params, seed):
+        """(responses, logprobs, the engine's weight version when it served the call)."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self.calls.put((prompts, params, seed, fut))
         return await asyncio.wrap_future(fut)
@@ -124,13 +128,22 @@ class OwnerThread:
     def serve(self) -> None:
         """Run the calls as they come, on this thread, until `stop`."""
         while (item := self.calls.get()) is not None:
-            prompts, params, seed, fut = item
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(self.engine.generate(prompts, params, seed))
-            except BaseException as e:  # the episodes waiting on this call see the engine's failure
-                fut.set_exception(e)
+            self.serve_one(item)
+
+    def serve_one(self, item) -> tuple[float, float, int, int] | None:
+        """One queued call, on this thread: its span, rows and longest reply (None if it was cancelled)."""
+        prompts, params, seed, fut = item
+        if not fut.set_running_or_notify_cancel():
+            return None
+        start = time.time()
+        try:
+            version = getattr(self.engine, "version", 0)
+            out, lps = self.engine.generate(prompts, params, seed)
+            fut.set_result((out, lps, version))
+        except BaseException as e:  # the episodes waiting on this call see the engine's failure
+            fut.set_exception(e)
+            return None
+        return start, time.time(), len(prompts), max(map(len, out), default=0)
 
     def stop(self) -> None:
         self.calls.put(None)
@@ -213,10 +226,73 @@ def episodes_on(engine, tok, problems: list, spec: EnvSpec, params, seed: int, m
     owner = OwnerThread(engine)  # the engine runs here, on the worker's own thread; the episodes' loop beside it
     llm = BatchingLLM(engine, params, max_batch=max_batch, seed=seed, call=owner.generate)
     trajs = owner.run(run_episodes(spec.factory(tok), problems, llm, HFCodec(tok)))
+    return _packed(trajs, list(llm.spans))
+
+
+def _packed(trajs: list, calls: list) -> Episodes:
     for t in trajs:
         t.check()
     return Episodes([t.ids[:t.prompt_len] for t in trajs], [t.ids[t.prompt_len:] for t in trajs],
                     [t.logprobs[t.prompt_len:] for t in trajs], [t.loss_mask[t.prompt_len:] for t in trajs],
                     [t.reward for t in trajs], [t.outcome for t in trajs], [t.turns for t in trajs],
                     [t.tool_calls for t in trajs], [t.first_version for t in trajs], [list(t.events) for t in trajs],
-                    list(llm.spans), [t.rewards[t.prompt_len:] for t in trajs])
+                    calls, [t.rewards[t.prompt_len:] for t in trajs])
+
+
+def sampled_versions(ep: Episodes, trajs_versions: list[list[int]]) -> list[list[int]]:
+    """Per episode, the weight version of each sampled token (observation tokens have none)."""
+    return [[v for v, m in zip(vs, mask) if m] for vs, mask in zip(trajs_versions, ep.loss_masks)]
+
+
+class EpisodePool:
+    """Partial rollout with episodes: the episodes of every step launched on a worker run on one event loop
+    that lives as long as the worker (a thread of its own); their turns, of whichever step, are batched
+    by one BatchingLLM per sampling setting; the engine serves one call per turn of the worker's queue,
+    on the worker's own thread (OwnerThread says why), so a weight update enters between two calls and an
+    episode's later replies are sampled by the newer weights. The request-level pool of
+    rollout.SegmentPool, for episodes."""
+
+    def __init__(self, engine, tok, max_batch: int = 256) -> None:
+        self.engine, self.tok, self.max_batch = engine, tok, max_batch
+        self.owner = OwnerThread(engine)
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="rpeg-episode-pool", daemon=True).start()
+        self.llms: dict[tuple, BatchingLLM] = {}
+        # key -> (the episodes' future, the engine calls its turns served)
+        self.flights: dict[int, tuple[concurrent.futures.Future, list]] = {}
+        self._next = 0
+
+    def add(self, problems: list, spec: EnvSpec, params, seed: int) -> int:
+        """Start one episode per problem on the pool's loop: the flight's key."""
+        from rpeg.tasks.episode import HFCodec, run_episodes
+
+        kind = (params.max_new_tokens, params.temperature, params.greedy)
+        llm = self.llms.get(kind)
+        if llm is None:
+            llm = self.llms[kind] = BatchingLLM(self.engine, params, max_batch=self.max_batch, seed=seed,
+                                                call=self.owner.generate)
+        coroutine = run_episodes(spec.factory(self.tok), problems, llm, HFCodec(self.tok))
+        key = self._next
+        self._next += 1
+        self.flights[key] = (asyncio.run_coroutine_threadsafe(coroutine, self.loop), [])
+        return key
+
+    def turn(self, key: int, wait_s: float = 0.05) -> tuple[Episodes, list[list[int]]] | None:
+        """Flight `key`'s turn: unless its episodes are done, serve the first engine call the loop queues
+        within `wait_s` (any step's turns; none when every episode waits on a tool). Then the flight's
+        episodes and their sampled tokens' versions, taken out of the pool, if they are done; else None."""
+        done, calls = self.flights[key]
+        if not done.done():
+            try:
+                item = self.owner.calls.get(timeout=wait_s)
+            except queue.Empty:
+                item = None
+            span = self.owner.serve_one(item) if item is not None else None
+            if span is not None:
+                calls.append(span)
+        if not done.done():
+            return None
+        del self.flights[key]
+        trajs = done.result()  # an episode's error is the flight's
+        ep = _packed(trajs, calls)
+        return ep, sampled_versions(ep, [t.versions[t.prompt_len:] for t in trajs])

@@ -225,10 +225,12 @@ class Engines:
         return [[getattr(w, method).remote([prompts[i] for i in idx], params, seed + j, *extra) for w in ranks]
                 for j, (ranks, idx) in enumerate(zip(self.ranks, parts))]
 
-    def submit_episodes(self, problems: list, spec, params, seed: int) -> list[list]:
-        """Start one multi-turn episode per problem, split over the engines like `submit`: the futures."""
+    def submit_episodes(self, problems: list, spec, params, seed: int, partial: bool = False) -> list[list]:
+        """Start one multi-turn episode per problem, split over the engines like `submit`: the futures.
+        `partial`: partial rollout, the episodes in each engine's pool (workers.RolloutWorker.episodes_partial)."""
         parts = shards(len(problems), len(self.ranks))
-        return [[ranks[0].episodes.remote([problems[i] for i in idx], spec, params, seed + j)]
+        method = "episodes_partial" if partial else "episodes"
+        return [[getattr(ranks[0], method).remote([problems[i] for i in idx], spec, params, seed + j)]
                 for j, (ranks, idx) in enumerate(zip(self.ranks, parts))]
 
     def wait(self, pending: list[list]) -> list:

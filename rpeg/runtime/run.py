@@ -345,8 +345,7 @@ class _Runner:
 def _check_episodes(graph: Graph, rt: RuntimeConfig, task, names) -> None:
     """Refuse, in one line, what the runtime does not yet run with multi-turn episodes."""
     gen = graph.stage(names.generate)
-    why = ("the plan generates in segments under partial rollout" if graph.partial_rollout else
-           "the plan has ReMax's greedy baseline" if names.greedy else
+    why = ("the plan has ReMax's greedy baseline" if names.greedy else
            "the plan scores with a reward model" if graph.stage(names.reward).model is not None else
            f"the plan generates with {gen.layout.describe()} (a tensor-parallel engine)" if gen.layout.tp > 1 else
            "the vllm engine is asked for" if rt.engine == "vllm" else "")

@@ -135,7 +135,7 @@ class Steps:
         seed = self.rt.seed * 7919 + step * 31
         if self.env is not None:  # episodes: each engine runs its prompt groups' turns with their tools
             return Launched(problems, prompts, [self.roles.engines.submit_episodes(
-                [problems[i] for i in idx for _ in range(n)], self.env, params, seed + 104_729 * c)
+                [problems[i] for i in idx for _ in range(n)], self.env, params, seed + 104_729 * c, self.segment > 0)
                 for c, idx in enumerate(shards(len(ids), self.chunks))])
         item = Launched(problems, prompts, [self.roles.engines.submit([ids[i] for i in idx for _ in range(n)], params,
                                                                       seed + 104_729 * c, self.segment)

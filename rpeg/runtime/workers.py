@@ -158,6 +158,8 @@ class RolloutWorker(_Where):
         self.device = dev
         self.channel: Channel | None = None
         self.pool = SegmentPool()  # partial rollout: every launched step's generations in flight here
+        self.episode_pool = None  # partial rollout with episodes (agent_engine.EpisodePool), made when first used
+        self._started: dict[int, float] = {}  # an episode flight's start (its key in the pool)
 
     def generate(self, prompts, params: SamplingParams, seed: int):
         out = _timed(self.engine.generate, prompts, params, seed)
@@ -166,6 +168,27 @@ class RolloutWorker(_Where):
     def episodes(self, problems, spec: EnvSpec, params: SamplingParams, seed: int):
         """One multi-turn episode per problem (runtime.agent_engine): their turns batched on this engine."""
         return _episodes(self.engine, self.tok, problems, spec, params, seed)
+
+    def episodes_partial(self, problems, spec: EnvSpec, params: SamplingParams, seed: int, key: int = -1):
+        """Partial rollout with episodes: these problems' episodes join the worker's episode pool
+        (agent_engine.EpisodePool) and the engine serves one call of any step's turns; then either the
+        result (every episode done) or the reference to the next turn, queued behind whatever was queued
+        meanwhile (a weight update, another step's turn), as `generate_partial` does."""
+        if self.episode_pool is None:
+            from rpeg.runtime.agent_engine import EpisodePool
+
+            self.episode_pool = EpisodePool(self.engine, self.tok)
+        if key < 0:
+            key = self.episode_pool.add(problems, spec, params, seed)
+            self._started[key] = time.time()
+        got = self.episode_pool.turn(key)
+        if got is None:
+            import ray
+
+            return ray.get_runtime_context().current_actor.episodes_partial.remote(None, spec, params, seed, key)
+        ep, versions = got
+        return Generated(ep.responses, ep.logprobs, min(ep.versions, default=self.engine.version),
+                         Span(self._started.pop(key), time.time()), token_versions=versions, episodes=ep)
 
     def generate_partial(self, prompts, params: SamplingParams, seed: int, segment: int, key: int = -1):
         """Partial rollout: these generations join the engine's pool (rollout.SegmentPool) and advance a

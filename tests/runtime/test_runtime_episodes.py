@@ -76,12 +76,27 @@ def test_a_run_trains_on_calculator_episodes(tmp_path, plan):
 @pytest.mark.long
 def test_unsupported_combinations_are_refused_before_starting(tmp_path):
     cfg = rt(tmp_path, environment={"name": "calculator"}, engine="hf")
-    from rpeg.passes import partial_rollout
-
-    with pytest.raises(RpegError, match="partial rollout"):
-        run(partial_rollout(split_async_plan()), cfg, progress=False)
     with pytest.raises(RpegError, match="runs the arithmetic task, not 'countdown'"):
         run(colocated_plan(), cfg.replace(task={"name": "countdown"}), progress=False)
+
+
+@pytest.mark.long
+def test_partial_rollout_runs_episodes_in_the_engines_pool_within_the_bound(tmp_path):
+    """Partial rollout with episodes (agent_engine.EpisodePool): each step's episodes join the engine's pool,
+    a weight update enters between two calls, and every sampled token's version lies within k of the step."""
+    from rpeg.passes import partial_rollout
+
+    cfg = rt(tmp_path, task={"name": "arithmetic", "ops": ["mul"], "level": 3}, steps=3, max_new_tokens=16,
+             environment={"name": "calculator", "max_turns": 2, "warmup_tool_share": 1.0}, warmup_sft_steps=150,
+             sft_lr=1e-3)
+    plan = partial_rollout(split_async_plan())
+    result = run(plan, cfg, progress=False)
+    m = result.metrics
+    assert len(m) == 3 and all(x["staleness_max"] <= plan.async_bound for x in m)
+    assert all("versions_per_response_max" in x and "engine_calls" in x for x in m)
+    assert sum(x["tool_calls_mean"] for x in m) > 0
+    events = [e for e in json.load(open(os.path.join(cfg.out, "timeline.json")))["traceEvents"] if e["ph"] == "X"]
+    assert any(e["cat"] == "engine" for e in events) and any(e["cat"] == "turn" for e in events)
 
 
 @pytest.mark.long
