@@ -20,6 +20,11 @@ and a trainer), the fastest plan with partial rollout:
 
     .venv/bin/python benchmarks/cpu_local_prediction.py --job examples/partial-rollout-tiny.yaml \
         --keep-warmup --partial-rollout
+
+The agent job with partial rollout (its episodes in each engine's pool) needs two devices:
+
+    .venv/bin/python benchmarks/cpu_local_prediction.py --job examples/agent-calculator-tiny.yaml \
+        --keep-warmup --skip 40 --steps 40 --gpus 2 --partial-rollout
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=WARMUP_STEPS, help="RL steps run first and not measured")
     ap.add_argument("--keep-warmup", action="store_true",
                     help="the job's own supervised warm-up (its target) instead of 300 steps")
+    ap.add_argument("--gpus", type=int, default=0,
+                    help="devices of cpu-local to plan on instead of the job's (each worker runs cores / gpus threads)")
     ap.add_argument("--partial-rollout", action="store_true",
                     help="the fastest runnable plan with partial rollout (engines on devices of their own)")
     ap.add_argument("--reuse-calibration", action="store_true",
@@ -54,9 +61,13 @@ def main() -> None:
     if not args.reuse_calibration:  # the machine as it is now, not as an earlier, differently loaded run found it
         from rpeg.hardware.calibrate import calibrate
 
-        calibrate(devices=spec.gpus or 1)
-    _, cluster, gpus = spec.cluster_and_gpus(default="cpu-local")
+        calibrate(devices=args.gpus or spec.gpus or 1)
+    _, cluster, gpus = spec.cluster_and_gpus(default="cpu-local", gpus=args.gpus or None)
     rt = from_data(RuntimeConfig, spec.runtime, "runtime")
+    if args.gpus:
+        import os
+
+        rt = rt.replace(threads=max(1, (os.cpu_count() or 1) // args.gpus))  # the devices share the cores
     rt = rt.replace(steps=args.steps + args.skip, eval_every=0, eval_size=20, checkpoint_every=0,
                     out=tempfile.mkdtemp(prefix="rpeg-bench-"),
                     **({} if args.keep_warmup else {"warmup_sft_steps": 300}))
