@@ -50,6 +50,7 @@ _COUNTS = (
     ("threads", 0, 4_096, "threads per worker; the largest machines have ~10^3 cores"),
     ("engine_kv_cache_mib", 0, 16_777_216, "16 TiB of KV cache"),
     ("partial_segment", 0, MAX_TOKENS, ""),
+    ("verify_sync_every", 0, MAX_RUN_STEPS, ""),
     ("seed", 0, 2**31 - 1, "a 31-bit seed: the seeds derived from it stay in every generator's range"),
 )
 # Numbers that must be usable positive numbers: below the least, float32 arithmetic loses them (a
@@ -97,6 +98,7 @@ class RuntimeConfig:
     loggers: tuple[str, ...] = ()  # experiment trackers beside metrics.jsonl: tensorboard, wandb, mlflow
     chat: bool = False  # prompts as the user's turn of the tokenizer's chat template (an instruct model's format)
     partial_segment: int = 0  # partial rollout: tokens between two chances to take new weights (0: max_new_tokens / 4)
+    verify_sync_every: int = 1  # check every N-th weight sync's tensors on the engines against the trainer's (0: never)
     environment: dict[str, Any] | None = None  # multi-turn episodes: {name: calculator, max_turns: 3, ...}
 
     def __post_init__(self) -> None:

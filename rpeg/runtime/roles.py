@@ -382,8 +382,9 @@ class Roles:
         # the weight-sync group: the actor's rank 0 and every engine rank, meeting at rank 0 (runtime.weights)
         metas = ray.get([t.weight_manifest.remote() for t in trainers])[0]
         sync, world = meet(first(names.actor_update), 2), 1 + len(engines.workers)
-        ray.get([trainers[0].open_channel.remote(sync, world, metas)] +
-                [w.open_channel.remote(sync, 1 + i, world, metas) for i, w in enumerate(engines.workers)])
+        every = rt.verify_sync_every
+        ray.get([trainers[0].open_channel.remote(sync, world, metas, every)] +
+                [w.open_channel.remote(sync, 1 + i, world, metas, every) for i, w in enumerate(engines.workers)])
         everyone = engines.workers + trainers + (reference.workers if reference else []) + \
             (critic.workers if critic is not None and critic is not actor else [])
         return cls(ray, False, engines, actor, reference, critic, has_critic, everyone, place)

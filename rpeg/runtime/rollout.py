@@ -177,6 +177,11 @@ class HFEngine:
                     p.copy_(full)
         self.version = version
 
+    def served(self) -> dict[str, torch.Tensor] | None:
+        """The weights this engine samples with, named as the trainer's (runtime.weights.verify); None for a
+        tensor-parallel rank, whose tensors are slices."""
+        return self.model.state_dict() if self.group is None else None
+
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int):
         gen = torch.Generator(device=self.device or "cpu").manual_seed(seed)

@@ -23,7 +23,8 @@ from rpeg.runtime.batch import Batch
 from rpeg.runtime.models import autocast
 from rpeg.runtime.rollout import HFEngine, InFlight, SamplingParams, SegmentPool
 from rpeg.runtime.trainer import MicroBatch, OptimConfig, Trainer
-from rpeg.runtime.weights import Channel, Meta, manifest
+from rpeg.runtime import faults
+from rpeg.runtime.weights import Channel, Meta, manifest, verify
 
 
 class _Where:
@@ -159,6 +160,7 @@ class RolloutWorker(_Where):
         self.channel: Channel | None = None
         self.pool = SegmentPool()  # partial rollout: every launched step's generations in flight here
         self.episode_pool = None  # partial rollout with episodes (agent_engine.EpisodePool), made when first used
+        self.verified: tuple[int, torch.Tensor] | None = None  # the last verified sync: its version, fingerprints
         self._started: dict[int, float] = {}  # an episode flight's start (its key in the pool)
 
     def generate(self, prompts, params: SamplingParams, seed: int):
@@ -206,14 +208,26 @@ class RolloutWorker(_Where):
         return Generated(state.tokens, state.logprobs, state.start_version, Span(state.start, time.time()),
                          token_versions=state.versions, engine_calls=state.calls)
 
-    def open_channel(self, master: str, rank: int, world: int, metas: tuple[Meta, ...]) -> None:
+    def open_channel(self, master: str, rank: int, world: int, metas: tuple[Meta, ...], verify_every: int = 1) -> None:
         """Join the weight-sync group (runtime.weights) as rank `rank` of `world`: a receiver."""
-        self.channel = Channel(master, rank, world, metas, self.device)
+        self.channel = Channel(master, rank, world, metas, self.device, verify_every)
 
     def receive_weights(self, version: int):
-        """The trainer's new weights, broadcast over the weight-sync group, into the engine: the span."""
+        """The trainer's new weights, broadcast over the weight-sync group, into the engine, checked against
+        the trainer's fingerprints where the sync carries them (runtime.weights.verify): the span."""
         t = time.time()
-        self.engine.load_weights(self.channel.receive(), version)
+        ch = self.channel
+        state = ch.receive()
+        served = getattr(self.engine, "served", None)
+        where = f"engine rank {ch.rank}"
+        if ch.expected is not None and self.verified is not None and served is not None:
+            verify(ch.metas, self.verified[1], None, served(), where,
+                   served_as=f"was served since version {self.verified[0]}")  # what it sampled with meanwhile
+        self.engine.load_weights(state, version)
+        if ch.expected is not None:
+            verify(ch.metas, ch.expected, state, served() if served else None, f"{where} (version {version})")
+        self.verified = (version, ch.expected) if ch.expected is not None else None
+        faults.after_load(self.engine, ch.rank, version)
         return Span(t, time.time())
 
 
@@ -252,9 +266,9 @@ class TrainerWorker(_Where):
         """The full weights' names, shapes and dtypes (every rank gathers; rank 0's stands)."""
         return manifest(self.trainer.full_state_dict())
 
-    def open_channel(self, master: str, world: int, metas: tuple[Meta, ...]) -> None:
+    def open_channel(self, master: str, world: int, metas: tuple[Meta, ...], verify_every: int = 1) -> None:
         """Rank 0: form the weight-sync group (runtime.weights) with the `world - 1` engine ranks."""
-        self.channel = Channel(master, 0, world, metas, self.device)
+        self.channel = Channel(master, 0, world, metas, self.device, verify_every)
 
     def send_weights(self):
         """Every rank gathers the full weights; rank 0 broadcasts them to the engines: the span."""

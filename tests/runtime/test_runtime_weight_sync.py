@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rpeg.runtime.weights import Channel, Meta, buckets, manifest
+from rpeg.errors import RpegError
+from rpeg.runtime.weights import Channel, Meta, buckets, fingerprint, fingerprints, manifest, verify
 from tests.runtime.test_runtime_fsdp import _free_port, _join
 
 
@@ -53,3 +55,77 @@ def test_every_receiver_gets_the_senders_tensors_at_each_sync(tmp_path):
             assert list(got[step]) == list(want)
             for k, v in want.items():
                 assert got[step][k].dtype == v.dtype and torch.equal(got[step][k], v + step), (rank, step, k)
+
+
+def test_a_fingerprint_changes_with_any_changed_swapped_or_shifted_element():
+    t = torch.randn(1000, 64, generator=torch.Generator().manual_seed(0))
+    base = fingerprint(t)
+    assert fingerprint(t.clone()) == base
+    changed = t.clone()
+    changed[999, 63] += 1e-3  # an element the strided sample does not read: the total sees it
+    swapped = t.clone()
+    swapped[[0, 1]] = swapped[[1, 0]]  # two rows trade places: the sum cannot see it, the weighted sample can
+    for other in (changed, swapped, torch.roll(t, 1)):
+        assert fingerprint(other) != base
+    assert fingerprint(torch.zeros(0)) == (0.0, 0.0)
+
+
+def test_verify_names_the_tensor_that_arrived_or_is_served_wrong():
+    state = _state()
+    metas = manifest(state)
+    expected = fingerprints(state, metas)
+    verify(metas, expected, state, dict(state), where="engine rank 1")  # the same tensors: nothing to say
+    bad = dict(state, norm=state["norm"].clone())
+    bad["norm"][3] = 7.0
+    with pytest.raises(RpegError, match=r"tensor 'norm' arrived on engine rank 1 different from the trainer's"):
+        verify(metas, expected, bad, where="engine rank 1")
+    with pytest.raises(RpegError, match=r"tensor 'norm' is served after loading on engine rank 1 different"):
+        verify(metas, expected, state, bad, where="engine rank 1")
+    with pytest.raises(RpegError, match=r"engine rank 1 has no tensor 'head'"):
+        verify(metas, expected, {k: v for k, v in state.items() if k != "head"}, where="engine rank 1")
+
+
+def _verified_rank(rank: int, world: int, sync_port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    state = _state()
+    ch = Channel(f"127.0.0.1:{sync_port}", rank, world, manifest(state), verify_every=2)
+    if rank == 0:
+        for step in range(3):
+            ch.send({k: v + step for k, v in state.items()})
+        return
+    seen = []
+    for step in range(3):
+        got = ch.receive()
+        if rank == 2 and step == 2:  # one engine's copy goes wrong between the wire and the model
+            got["embed"][5, 1] += 0.5
+        try:
+            if ch.expected is not None:
+                verify(ch.metas, ch.expected, got, where=f"engine rank {rank}")
+            seen.append("verified" if ch.expected is not None else "unchecked")
+        except RpegError as e:
+            seen.append(str(e))
+    torch.save(seen, os.path.join(out, f"{rank}.pt"))
+
+
+def test_every_nth_sync_carries_the_senders_fingerprints_and_a_corrupted_copy_is_caught(tmp_path):
+    world = 3
+    mp.start_processes(_verified_rank, args=(world, _free_port(), str(tmp_path)), nprocs=world, start_method="spawn")
+    assert torch.load(tmp_path / "1.pt") == ["verified", "unchecked", "verified"]  # syncs 0 and 2 of every 2nd
+    seen = torch.load(tmp_path / "2.pt")
+    assert seen[:2] == ["verified", "unchecked"]
+    assert "tensor 'embed' arrived on engine rank 2 different from the trainer's" in seen[2]
+
+
+@pytest.mark.long
+def test_a_weight_corrupted_on_one_engine_is_caught_at_the_next_sync(tmp_path, monkeypatch):
+    """runtime.faults' corrupt_weights: after loading version 1, engine rank 1 changes one element of what it
+    serves; the sync of version 2 checks what it served since version 1 and stops the run naming the tensor."""
+    from rpeg.runtime.run import run
+    from tests.runtime.test_runtime_e2e import rt, split_async_plan
+
+    monkeypatch.setenv("RPEG_FAULTS", "corrupt_weights:1")
+    with pytest.raises(RpegError, match=r"tensor '[^']+' was served since version 1 on engine rank 1 different"):
+        run(split_async_plan(), rt(tmp_path, steps=4, checkpoint_every=0), progress=False)
+    monkeypatch.delenv("RPEG_FAULTS")
+    result = run(split_async_plan(), rt(tmp_path / "clean", steps=3, checkpoint_every=0), progress=False)
+    assert len(result.metrics) == 3  # unarmed: every sync verified, nothing to say
