@@ -9,6 +9,7 @@
     rpeg validate FILE.yaml [--json --loo]  the performance model against published measurements
     rpeg plan JOB.yaml --cluster C --gpus N  the best plan beside verl's, ReaL's, ... (trace, Gantt)
     rpeg train JOB.yaml [--resume]          train for real on Ray + PyTorch (the job's runtime section)
+    rpeg train JOB.yaml --dry-run           what can fail before the first step, checked in seconds
     rpeg model convert GGUF --out DIR       a GGUF file (or smollm2) as a Hugging Face folder for the runtime
     rpeg import FILE --from verl|openrlhf|areal   a peer's job: its predicted step beside RPEG's plan
     rpeg export PLAN.yaml --to verl|openrlhf|areal  a plan as the peer's config, with what it leaves out

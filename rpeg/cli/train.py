@@ -23,6 +23,8 @@ def add_parsers(sub) -> None:
     tr.add_argument("--address", type=name("a Ray address"),
                     help="a Ray cluster to join (default: RAY_ADDRESS, else a private local one)")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tr.add_argument("--dry-run", action="store_true",
+                    help="check the plan, devices, model folder, task, memory and trackers; train nothing")
     tr.set_defaults(fn=cmd_train)
 
     mo = sub.add_parser("model", help="model folders for the runtime (convert a GGUF file)")
@@ -77,6 +79,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         _, sized, _ = spec.cluster_and_gpus(default="cpu-local", gpus=max(g.first + g.count for g in graph.groups))
     except RpegError:  # e.g. cpu-local as D devices, not calibrated yet: the summary goes without it
         sized = None
+    if args.dry_run:
+        import time
+
+        from rpeg.runtime.dryrun import dry_run
+
+        t = time.time()
+        for line in dry_run(graph, rt, sized):
+            print("  " + line)
+        print(f"dry run: every check passed in {time.time() - t:.1f} s; nothing was trained")
+        return 0
     result = run(graph, rt, resume=args.resume, progress=not args.no_progress, cluster=sized)
     last = result.metrics[-1] if result.metrics else {}
     b, a = result.accuracy_before, result.accuracy_after

@@ -108,7 +108,7 @@ def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool
         require()
     task = get_task(**rt.task) if isinstance(rt.task, dict) else get_task(rt.task)
     if rt.environment is not None:
-        _check_episodes(graph, rt, task, names)
+        check_episodes(graph, rt, task, names)
     os.makedirs(rt.out, exist_ok=True)
     ckpt_dir = os.path.join(rt.out, "checkpoints")
     state = load_latest(ckpt_dir) if resume else None
@@ -342,7 +342,7 @@ class _Runner:
                         details=tuple(sorted(self.details, key=lambda r: r.start)))
 
 
-def _check_episodes(graph: Graph, rt: RuntimeConfig, task, names) -> None:
+def check_episodes(graph: Graph, rt: RuntimeConfig, task, names) -> None:
     """Refuse, in one line, what the runtime does not yet run with multi-turn episodes."""
     gen = graph.stage(names.generate)
     why = ("the plan has ReMax's greedy baseline" if names.greedy else
