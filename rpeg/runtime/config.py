@@ -61,6 +61,8 @@ _REALS = (
     ("grad_clip", 1e-6, 1e6, ""),
     ("temperature", 0.01, 100.0, "at 100 sampling is all but uniform"),  # vLLM raises one below 0.01 to 0.01
     ("engine_memory", 0.01, 1.0, "a fraction of device memory"),
+    ("wait_timeout_s", 1.0, 1e7, "about four months"),
+    ("wait_timeout_factor", 1.0, 1e4, ""),
 )  # warmup_target, an accuracy in [0, 1), has its own rule below
 
 
@@ -99,6 +101,10 @@ class RuntimeConfig:
     chat: bool = False  # prompts as the user's turn of the tokenizer's chat template (an instruct model's format)
     partial_segment: int = 0  # partial rollout: tokens between two chances to take new weights (0: max_new_tokens / 4)
     verify_sync_every: int = 1  # check every N-th weight sync's tensors on the engines against the trainer's (0: never)
+    # no wait on a worker lasts longer than wait_timeout_factor x the predicted step time x (k + 1), nor at
+    # least wait_timeout_s (runtime/waits.py): a hung worker ends the run with one line, not a silent hang
+    wait_timeout_s: float = 1800.0
+    wait_timeout_factor: float = 10.0
     environment: dict[str, Any] | None = None  # multi-turn episodes: {name: calculator, max_turns: 3, ...}
 
     def __post_init__(self) -> None:

@@ -6,6 +6,9 @@ comma-separated, each `kind:argument`:
     corrupt_weights:V   after loading weight version V, engine rank 1 (of the weight-sync group) adds 0.5
                         to one element of its first tensor: a weight that goes wrong on one engine while
                         it serves it, which the next verified sync must catch (runtime.weights.verify)
+    hang_engine:V       after loading weight version V, engine rank 1 (a colocated worker: rank 0) stops
+                        answering: its thread sleeps for an hour, as a process wedged in a collective
+                        would; the driver's bounded wait must end the run (runtime.waits)
 
 Unset (the default) nothing is injected; the checks cost one dictionary lookup.
 """
@@ -13,8 +16,11 @@ Unset (the default) nothing is injected; the checks cost one dictionary lookup.
 from __future__ import annotations
 
 import os
+import time
 
 import torch
+
+HANG_S = 3600.0
 
 ENV = "RPEG_FAULTS"
 
@@ -28,8 +34,12 @@ def armed(kind: str) -> str | None:
     return None
 
 
-def after_load(engine, rank: int, version: int) -> None:
-    """corrupt_weights: one element of engine rank 1's first served tensor changed after loading `version`."""
+def after_load(engine, rank: int, version: int, hang_rank: int = 1) -> None:
+    """corrupt_weights: one element of engine rank 1's first served tensor changed after loading `version`;
+    hang_engine: rank `hang_rank` stops answering after loading `version`."""
+    hang = armed("hang_engine")
+    if hang is not None and rank == hang_rank and int(hang) == version:
+        time.sleep(HANG_S)
     arg = armed("corrupt_weights")
     served = getattr(engine, "served", None)
     if arg is None or rank != 1 or served is None or int(arg) != version:

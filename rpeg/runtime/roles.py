@@ -173,9 +173,9 @@ class Role:
         return [getattr(w, method).remote(batch.select(rows[r // self.tp]), *args)
                 for r, w in enumerate(self.workers)]
 
-    def wait(self, futures: list) -> tuple[list, Span]:
+    def wait(self, futures: list, what: str = "") -> tuple[list, Span]:
         """Each data shard's result, in order, and the span from first start to last end."""
-        outs = self.ray.get(futures)  # each rank's workers.Timed
+        outs = self.ray.get(futures, what=what or "the role's workers")  # each rank's workers.Timed
         return [o.value for r, o in enumerate(outs) if r % self.tp == 0], joined(o.span for o in outs)
 
     def collective(self, op: str):
@@ -183,7 +183,7 @@ class Role:
         return self.each(op)[0]
 
     def each(self, op: str, *args) -> list:
-        return self.ray.get(self.start_each(op, *args))
+        return self.ray.get(self.start_each(op, *args), what=f"{self.methods[op]} on every rank")
 
     def start_each(self, op: str, *args) -> list:
         """`op` started on every worker with the same arguments: the futures."""
@@ -237,20 +237,20 @@ class Engines:
         """Each engine's workers.Generated, in order (a partial rollout's segments followed to the last)."""
         out = []
         for futures in pending:
-            got = self.ray.get(futures[0])
+            got = self.ray.get(futures[0], what="generation")
             while isinstance(got, self.ray.ObjectRef):  # the reference to a partial rollout's next segment
-                got = self.ray.get(got)
-            self.ray.get(futures[1:])  # a tensor-parallel engine's other ranks (hf generate only)
+                got = self.ray.get(got, what="generation")
+            self.ray.get(futures[1:], what="generation")  # a tensor-parallel engine's other ranks (hf generate only)
             out.append(got)
         return out
 
     def one(self, prompts: list, params, seed: int):
         """All of `prompts` on the first engine (held-out evaluation)."""
-        return self.ray.get([w.generate.remote(prompts, params, seed) for w in self.ranks[0]])[0]
+        return self.ray.get([w.generate.remote(prompts, params, seed) for w in self.ranks[0]], what="generation")[0]
 
     def one_episodes(self, problems: list, spec, params, seed: int):
         """An episode per problem on the first engine (held-out evaluation of a multi-turn job)."""
-        return self.ray.get(self.ranks[0][0].episodes.remote(problems, spec, params, seed))
+        return self.ray.get(self.ranks[0][0].episodes.remote(problems, spec, params, seed), what="episodes")
 
     @property
     def workers(self) -> list:
@@ -258,7 +258,7 @@ class Engines:
 
     def load(self, version: int) -> Span:
         """The trainer's new weights, in the same process, into every engine: the span."""
-        return joined(self.ray.get([w.load_weights.remote(version) for w in self.workers]))
+        return joined(self.ray.get([w.load_weights.remote(version) for w in self.workers], what="the weight load"))
 
     def receive(self, version: int) -> list:
         """Every engine rank starts taking the weights broadcast over the weight-sync group: the futures."""
@@ -283,12 +283,19 @@ class Roles:
     def score(self, texts: list[str]) -> tuple[torch.Tensor, tuple[float, float]]:
         """The reward model's score of each text, the texts split over its scorers."""
         parts = shards(len(texts), len(self.scorers))
-        outs = self.ray.get([w.score.remote([texts[i] for i in idx]) for w, idx in zip(self.scorers, parts)])
+        outs = self.ray.get([w.score.remote([texts[i] for i in idx]) for w, idx in zip(self.scorers, parts)],
+                            what="the reward model")
         return torch.cat([o.value for o in outs]), joined(o.span for o in outs)
 
     @classmethod
     def build(cls, graph: Graph, rt: RuntimeConfig, model_path: str, ray, reward_path: str = "",
               names: StepStages | None = None) -> Roles:
+        """`ray`: the module, or runtime.waits.BoundedRay (the module is wrapped in one bounded by the floor,
+        runtime.wait_timeout_s, until the driver sets the plan's bound)."""
+        from rpeg.runtime.waits import BoundedRay
+
+        if not isinstance(ray, BoundedRay):
+            ray = BoundedRay(ray, 0.0, rt.wait_timeout_s)
         names = names or step_stages(graph)
         roles = cls._build(graph, names, rt, model_path, ray)
         reward = graph.stage(names.reward)
@@ -380,11 +387,12 @@ class Roles:
             critic = Role(ray, critics, model_ops, tp=clay.tp)
         engines = Engines(ray, ranks)
         # the weight-sync group: the actor's rank 0 and every engine rank, meeting at rank 0 (runtime.weights)
-        metas = ray.get([t.weight_manifest.remote() for t in trainers])[0]
+        metas = ray.get([t.weight_manifest.remote() for t in trainers], what="the trainers' start")[0]
         sync, world = meet(first(names.actor_update), 2), 1 + len(engines.workers)
         every = rt.verify_sync_every
         ray.get([trainers[0].open_channel.remote(sync, world, metas, every)] +
-                [w.open_channel.remote(sync, 1 + i, world, metas, every) for i, w in enumerate(engines.workers)])
+                [w.open_channel.remote(sync, 1 + i, world, metas, every) for i, w in enumerate(engines.workers)],
+                what="the weight-sync group's forming")
         everyone = engines.workers + trainers + (reference.workers if reference else []) + \
             (critic.workers if critic is not None and critic is not actor else [])
         return cls(ray, False, engines, actor, reference, critic, has_critic, everyone, place)
@@ -404,13 +412,13 @@ class Roles:
 
     def finish_update(self, pending: PendingUpdate) -> Updated:
         if pending.fused is not None:
-            outs, span = self.actor.wait(pending.fused)
+            outs, span = self.actor.wait(pending.fused, "the actor's and critic's update")
             actor, critic = outs[0]
             return Updated(Timed(actor, span), Timed(critic, span))
-        outs, span = self.actor.wait(pending.actor)
+        outs, span = self.actor.wait(pending.actor, "the actor's update")
         if pending.critic is None:
             return Updated(Timed(outs[0], span))
-        critic, cspan = self.critic.wait(pending.critic)
+        critic, cspan = self.critic.wait(pending.critic, "the critic's update")
         return Updated(Timed(outs[0], span), Timed(critic[0], cspan))
 
     def close(self) -> None:
@@ -425,7 +433,7 @@ class Roles:
             return self.engines.load(version)
         t = time.time()
         sends, receives = self.actor.start_each("send"), self.engines.receive(version)
-        spans = self.ray.get(sends + receives)
+        spans = self.ray.get(sends + receives, what="the weight sync (the trainer's rank 0, then the engines)")
         return Span(t, max(s.end for s in spans))
 
     def states(self) -> dict:
@@ -444,7 +452,9 @@ def _node_ip(ray, options: dict) -> str:
 
     @ray.remote(num_cpus=0)
     def ip() -> str:
-        return ray.util.get_node_ip_address()
+        import ray as module  # the worker's own (the driver's may be wrapped: runtime.waits.BoundedRay)
+
+        return module.util.get_node_ip_address()
 
     return ray.get(ip.options(**options).remote())
 

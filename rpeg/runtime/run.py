@@ -129,6 +129,7 @@ def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool
     runner, status = None, "FAILED"
     try:
         runner = _Runner(graph, rt, task, tok, model_path, session.ray, trackers)
+        runner.roles.ray.bound_s = _wait_bound(graph, rt, cluster)
         result = runner.loop(state, progress, {"warmup": warmup, "started": t0, "cluster": cluster})
         status = "FINISHED"
         return result
@@ -137,6 +138,21 @@ def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool
         if runner is not None:
             runner.roles.close()
         session.close()
+
+
+def _wait_bound(graph: Graph, rt: RuntimeConfig, cluster) -> float:
+    """The longest a wait on the workers may take beyond its floor (runtime/waits.py): the factor x the
+    predicted step time x (k + 1); 0 (the floor alone) without a prediction."""
+    if cluster is None:
+        return 0.0
+    from rpeg.perf.step import predict_step
+
+    try:
+        pred = predict_step(graph, cluster)
+    except RpegError:
+        return 0.0
+    step_s = pred.step_s if pred.fits and pred.step_s < float("inf") else 0.0
+    return rt.wait_timeout_factor * (graph.async_bound + 1) * step_s
 
 
 def run_config(graph: Graph, rt: RuntimeConfig, cluster) -> dict:
@@ -211,6 +227,15 @@ class _Runner:
     def evaluate(self) -> dict[str, float]:
         """Held-out accuracy of the policy: sampled as in training (what RL optimizes: the expected
         reward of one sample on unseen problems) and greedy."""
+        waits = self.roles.ray
+        where, waits.where = waits.where, "held-out evaluation"
+        waits.scale = max(1.0, self.rt.eval_size / max(1, self.job.sequences))  # more problems than a step's
+        try:
+            return self._evaluate()
+        finally:
+            waits.where, waits.scale = where, 1.0
+
+    def _evaluate(self) -> dict[str, float]:
         problems = self.task.problems("test", self.rt.eval_size, seed=self.rt.seed + 99)
         prompts = prompt_ids(self.tok, [p.prompt for p in problems], self.rt.chat)
         out = {}
@@ -243,6 +268,7 @@ class _Runner:
         try:
             for step in range(start, rt.steps):
                 t_step = time.time()
+                self.roles.ray.where = f"step {step + 1}"
                 for j in range(step, min(rt.steps, step + self.k + 1)):  # may run on version `step` (>= j - k)
                     if j not in pending:
                         pending[j] = self.steps.launch(j)

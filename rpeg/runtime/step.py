@@ -294,7 +294,7 @@ class Steps:
             calls.append((names.values, ("values",), roles.critic, "values"))
         pending = [(stage, keys, role, role.submit(op, batch)) for stage, keys, role, op in calls]
         for stage, keys, role, futures in pending:
-            outs, span = role.wait(futures)
+            outs, span = role.wait(futures, stage)
             parts = [out if len(keys) > 1 else (out,) for out in outs]  # each shard's tensors, one per key
             for i, key in enumerate(keys):
                 batch.extras[key] = torch.cat([p[i] for p in parts])

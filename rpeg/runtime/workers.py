@@ -366,7 +366,7 @@ class ColocatedWorker(_Where):
         self.sleeps = engine == "vllm" and dev is not None
         self.engine = _engine(engine, own, tok, model_path, seed=seed, threads=threads, memory=engine_memory,
                               kv_mib=engine_kv_cache_mib, device=dev, sleep=self.sleeps, max_seqs=max_seqs)
-        self.tok = tok
+        self.tok, self.rank = tok, rank
         self.shares_model = isinstance(self.engine, HFEngine) and not sharded
         self.ref = (Trainer(_load(model_path)[0].eval(), config, ref_optim or optim, lm=True, **on) if reference
                     else None)
@@ -398,6 +398,7 @@ class ColocatedWorker(_Where):
             if self.sleeps:
                 self.engine.wake()
             self.engine.load_weights(self.actor.full_state_dict(), version)
+        faults.after_load(self.engine, self.rank, version, hang_rank=0)
         return Span(t, time.time())
 
     def logprobs(self, batch: Batch):
