@@ -167,3 +167,21 @@ def test_mutated_stage_times_and_ratios(tmp_path_factory, capsys, data):
     path = tmp_path_factory.mktemp("fuzz") / "v.yaml"
     path.write_text(_dump(mutated), encoding="utf-8")
     _check(capsys, ["validate", str(path)])
+
+
+TRAIN_EXAMPLES = ["demo-grpo-tiny.yaml", "agent-calculator-tiny.yaml", "partial-rollout-tiny.yaml"]
+
+
+@SETTINGS
+@given(data=st.data())
+def test_mutated_train_jobs_dry_run(tmp_path_factory, capsys, data):
+    """`rpeg train JOB --dry-run` on a mutated job file, runtime section included: 0 or one line, and no
+    output that looks like a run (metrics, checkpoints) is left behind."""
+    source = ROOT / "examples" / data.draw(st.sampled_from(TRAIN_EXAMPLES), label="example")
+    mutated = _mutate(yaml.safe_load(source.read_text()), data.draw)
+    folder = tmp_path_factory.mktemp("fuzz")
+    path = folder / "job.yaml"
+    path.write_text(_dump(mutated), encoding="utf-8")
+    _check(capsys, ["train", str(path), "--dry-run", "--out", str(folder / "out")])
+    left = {p.name for p in (folder / "out").rglob("*")} if (folder / "out").exists() else set()
+    assert not left & {"metrics.jsonl", "checkpoints", "summary.json"}, left

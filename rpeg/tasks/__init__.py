@@ -36,7 +36,15 @@ def get_task(name: str, **options) -> Task:
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise RpegError(f"task {name!r} has no option {unknown[0]!r} (known: {', '.join(known)})")
-    return cls(**options)
+    try:
+        return cls(**options)
+    except (TypeError, ValueError) as e:  # a value of the wrong kind (ops: 0, level: [1]): one line, not a traceback
+        raise RpegError(f"task {name!r}: the options {_shown(options)} do not make one ({e})") from None
+
+
+def _shown(options: dict) -> str:
+    text = ", ".join(f"{k}: {v!r}" for k, v in options.items())
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def environment_options(name: str, options: dict) -> None:
@@ -53,7 +61,10 @@ def get_environment(name: str, task: Task, **options) -> Callable[[], Environmen
     """A factory of fresh `name` environments on `task` with `options` (one per episode)."""
     environment_options(name, options)
     factory = ENVIRONMENTS[name]
-    factory(task, **options)  # fail here, once, on a task or value the environment refuses
+    try:
+        factory(task, **options)  # fail here, once, on a task or value the environment refuses
+    except (TypeError, ValueError) as e:
+        raise RpegError(f"environment {name!r}: the options {_shown(options)} do not make one ({e})") from None
     return lambda: factory(task, **options)
 
 
