@@ -99,12 +99,11 @@ def _model(path: str, key: str) -> str:
     """A model folder the workers can load: its config and tokenizer read, the weights not."""
     if path == "tiny":
         return f"{key}: tiny (built locally at the start)"
-    if not os.path.isdir(path):
-        raise RpegError(f"runtime.{key}: the model folder {path!r} does not exist (tiny builds the tiny model; a "
-                        "GGUF file becomes a folder with `rpeg model convert`)")
-    if not os.path.exists(os.path.join(path, "config.json")):
-        raise RpegError(f"runtime.{key}: {path!r} has no config.json: not a Hugging Face model folder")
     from transformers import AutoConfig, AutoTokenizer
+
+    from rpeg.runtime.models import check_folder
+
+    check_folder(path, key)
 
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)

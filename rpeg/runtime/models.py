@@ -61,17 +61,22 @@ def build_tiny(path: str, seed: int = 0) -> str:
     return path
 
 
+def check_folder(path: str, key: str = "model_path") -> None:
+    """A Hugging Face model folder, or an RpegError of one line naming `runtime.<key>`."""
+    if not os.path.isdir(path):
+        raise RpegError(f"runtime.{key}: the model folder {path!r} does not exist (tiny builds the tiny model; a "
+                        "GGUF file becomes a folder with `rpeg model convert`, e.g. `make smollm2`)")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        raise RpegError(f"runtime.{key}: {path!r} has no config.json: not a Hugging Face model folder")
+
+
 def load(path: str, dtype=None):
     """(model, tokenizer) from a local folder."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     quiet()
-    if not os.path.isdir(path):
-        raise RpegError(f"model folder {path!r} does not exist (model_path: tiny builds the tiny model; a GGUF file "
-                        "becomes a folder with `rpeg model convert`, e.g. `make smollm2`)")
-    if not os.path.exists(os.path.join(path, "config.json")):
-        raise RpegError(f"model folder {path!r} has no config.json: not a Hugging Face model folder")
+    check_folder(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
