@@ -268,7 +268,7 @@ class _Runner:
         try:
             for step in range(start, rt.steps):
                 t_step = time.time()
-                self.roles.ray.where = f"step {step + 1}"
+                self.roles.ray.where, self.roles.ray.starting = f"step {step + 1}", False
                 for j in range(step, min(rt.steps, step + self.k + 1)):  # may run on version `step` (>= j - k)
                     if j not in pending:
                         pending[j] = self.steps.launch(j)

@@ -5,7 +5,8 @@ instead of a run that waits for ever with Ray reporting every actor healthy.
 The bound is `runtime.wait_timeout_factor` x the plan's predicted step time x (k + 1) (a generation may
 be awaited up to k steps after it was launched), and at least `runtime.wait_timeout_s`; held-out
 evaluation scales it by its problems over a step's. Before the first step (workers starting, models
-loading: what no prediction states) a wait takes at least STARTUP_S, whatever the floor. Without a
+loading, the first evaluation's first generation: what no prediction states) a wait takes at least
+STARTUP_S, whatever the floor. Without a
 prediction (a cluster not calibrated) the floor alone. The run stops there, and its last checkpoint
 stands for `--resume`.
 """
@@ -26,6 +27,7 @@ class BoundedRay:
         self._ray = ray
         self.bound_s, self.floor_s = bound_s, floor_s
         self.where = STARTING  # what the driver is doing: the step, evaluation, a checkpoint
+        self.starting = True  # before the first step (the first evaluation included): at least STARTUP_S
         self.scale = 1.0  # the bound's multiple for the work under way (held-out evaluation's size)
 
     def __getattr__(self, name: str):
@@ -36,7 +38,7 @@ class BoundedRay:
     def get(self, refs, timeout: float | None = None, what: str = "a worker's result"):
         if timeout is not None:  # a caller with a bound of its own
             return self._ray.get(refs, timeout=timeout)
-        bound = max(self.floor_s, self.bound_s * self.scale, STARTUP_S if self.where == STARTING else 0.0)
+        bound = max(self.floor_s, self.bound_s * self.scale, STARTUP_S if self.starting else 0.0)
         try:
             return self._ray.get(refs, timeout=bound)
         except self._ray.exceptions.GetTimeoutError:
