@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import pathlib
 import re
-import time
 
 import pytest
 import yaml
@@ -31,11 +30,9 @@ def _job(tmp_path, **runtime) -> str:
     return str(path)
 
 
-def test_the_demo_passes_in_seconds_and_trains_nothing(tmp_path, capsys):
-    t = time.time()
+def test_the_demo_passes_and_trains_nothing(tmp_path, capsys):
     assert main(["train", _job(tmp_path), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert time.time() - t < 30
     for line in ("plan: the runtime runs it", "model_path: tiny", "task: arithmetic", "memory: fits on cpu-local",
                  "dry run: every check passed"):
         assert line in out

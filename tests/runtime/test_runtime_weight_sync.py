@@ -4,7 +4,6 @@ that every receiver unpacks into the sender's tensors, beside each process's own
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 import torch
@@ -141,9 +140,7 @@ def test_an_engine_that_stops_answering_ends_the_run_with_one_line(tmp_path, mon
     from tests.runtime.test_runtime_e2e import colocated_plan, rt, split_async_plan
 
     monkeypatch.setenv("RPEG_FAULTS", "hang_engine:1")
-    t = time.time()
     with pytest.raises(RpegError, match=r"step 1: the weight (sync|load).* gave no answer within 5 s \(still "
                                         r"waiting on 1 of \d: rank\(s\) \d\)"):
         run(split_async_plan() if plan == "split" else colocated_plan(),
             rt(tmp_path, steps=3, checkpoint_every=0, wait_timeout_s=5.0), progress=False)
-    assert time.time() - t < 300  # the hour's sleep was not waited for
