@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import queue
 import threading
 import time
@@ -239,11 +240,6 @@ def _packed(trajs: list, calls: list) -> Episodes:
                     calls, [t.rewards[t.prompt_len:] for t in trajs])
 
 
-def sampled_versions(ep: Episodes, trajs_versions: list[list[int]]) -> list[list[int]]:
-    """Per episode, the weight version of each sampled token (observation tokens have none)."""
-    return [[v for v, m in zip(vs, mask) if m] for vs, mask in zip(trajs_versions, ep.loss_masks)]
-
-
 class EpisodePool:
     """Partial rollout with episodes: the episodes of every step launched on a worker run on one event loop
     that lives as long as the worker (a thread of its own); their turns, of whichever step, are batched
@@ -258,9 +254,9 @@ class EpisodePool:
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="rpeg-episode-pool", daemon=True).start()
         self.llms: dict[tuple, BatchingLLM] = {}
-        # key -> (the episodes' future, the engine calls its turns served)
-        self.flights: dict[int, tuple[concurrent.futures.Future, list]] = {}
-        self._next = 0
+        # key -> (the episodes' future, the engine calls its turns served, when it started)
+        self.flights: dict[int, tuple[concurrent.futures.Future, list, float]] = {}
+        self._keys = itertools.count()
 
     def add(self, problems: list, spec: EnvSpec, params, seed: int) -> int:
         """Start one episode per problem on the pool's loop: the flight's key."""
@@ -272,16 +268,16 @@ class EpisodePool:
             llm = self.llms[kind] = BatchingLLM(self.engine, params, max_batch=self.max_batch, seed=seed,
                                                 call=self.owner.generate)
         coroutine = run_episodes(spec.factory(self.tok), problems, llm, HFCodec(self.tok))
-        key = self._next
-        self._next += 1
-        self.flights[key] = (asyncio.run_coroutine_threadsafe(coroutine, self.loop), [])
+        key = next(self._keys)
+        self.flights[key] = (asyncio.run_coroutine_threadsafe(coroutine, self.loop), [], time.time())
         return key
 
-    def turn(self, key: int, wait_s: float = 0.05) -> tuple[Episodes, list[list[int]]] | None:
+    def turn(self, key: int, wait_s: float = 0.05) -> tuple[Episodes, list[list[int]], float] | None:
         """Flight `key`'s turn: unless its episodes are done, serve the first engine call the loop queues
-        within `wait_s` (any step's turns; none when every episode waits on a tool). Then the flight's
-        episodes and their sampled tokens' versions, taken out of the pool, if they are done; else None."""
-        done, calls = self.flights[key]
+        within `wait_s` (any step's turns; none when every episode waits on a tool). Then, taken out of the
+        pool if they are done, the flight's episodes, each sampled token's version and when the flight
+        started; else None."""
+        done, calls, started = self.flights[key]
         if not done.done():
             try:
                 item = self.owner.calls.get(timeout=wait_s)
@@ -294,5 +290,5 @@ class EpisodePool:
             return None
         del self.flights[key]
         trajs = done.result()  # an episode's error is the flight's
-        ep = _packed(trajs, calls)
-        return ep, sampled_versions(ep, [t.versions[t.prompt_len:] for t in trajs])
+        versions = [[v for v, m in zip(t.versions, t.loss_mask) if m] for t in trajs]  # sampled tokens only
+        return _packed(trajs, calls), versions, started

@@ -8,6 +8,7 @@ it returns the log-probability of every sampled token under the sampling distrib
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field, replace
 
@@ -120,11 +121,10 @@ class SegmentPool:
 
     def __init__(self) -> None:
         self.flights: dict[int, InFlight] = {}
-        self._next = 0
+        self._keys = itertools.count()
 
     def add(self, flight: InFlight) -> int:
-        key = self._next
-        self._next += 1
+        key = next(self._keys)
         self.flights[key] = flight
         return key
 

@@ -119,8 +119,9 @@ def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool
     write_jsonl(os.path.join(rt.out, "metrics.jsonl"), state["metrics"] if state else [])
     t0 = time.time()
     model_path, tok, warmup = prepare_model(rt, task, rt.out, resume, progress)
+    pred = _prediction(graph, cluster)
     trackers = Trackers(rt.loggers, rt.out, os.path.basename(os.path.normpath(rt.out)),
-                        run_config(graph, rt, cluster) if rt.loggers else {}, resume)
+                        run_config(graph, rt, cluster, pred) if rt.loggers else {}, resume)
     try:
         session = _Ray(rt.address, devices=max((g.first + g.count for g in graph.groups), default=1))
     except BaseException:
@@ -129,8 +130,8 @@ def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool
     runner, status = None, "FAILED"
     try:
         runner = _Runner(graph, rt, task, tok, model_path, session.ray, trackers)
-        runner.roles.ray.bound_s = _wait_bound(graph, rt, cluster)
-        result = runner.loop(state, progress, {"warmup": warmup, "started": t0, "cluster": cluster})
+        runner.roles.ray.bound_s = _wait_bound(graph, rt, pred)
+        result = runner.loop(state, progress, {"warmup": warmup, "started": t0, "prediction": pred})
         status = "FINISHED"
         return result
     finally:
@@ -140,33 +141,36 @@ def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool
         session.close()
 
 
-def _wait_bound(graph: Graph, rt: RuntimeConfig, cluster) -> float:
-    """The longest a wait on the workers may take beyond its floor (runtime/waits.py): the factor x the
-    predicted step time x (k + 1); 0 (the floor alone) without a prediction."""
+def _prediction(graph: Graph, cluster):
+    """The model's prediction for the plan on the job's cluster (perf.step.predict_step), once a run; None
+    without a cluster or where the model cannot price the plan."""
     if cluster is None:
-        return 0.0
+        return None
     from rpeg.perf.step import predict_step
 
     try:
-        pred = predict_step(graph, cluster)
+        return predict_step(graph, cluster)
     except RpegError:
-        return 0.0
-    step_s = pred.step_s if pred.fits and pred.step_s < float("inf") else 0.0
+        return None
+
+
+def _wait_bound(graph: Graph, rt: RuntimeConfig, pred) -> float:
+    """The longest a wait on the workers may take beyond its floor (runtime/waits.py): the factor x the
+    predicted step time x (k + 1); 0 (the floor alone) without a prediction."""
+    step_s = pred.step_s if pred is not None and pred.fits and pred.step_s < float("inf") else 0.0
     return rt.wait_timeout_factor * (graph.async_bound + 1) * step_s
 
 
-def run_config(graph: Graph, rt: RuntimeConfig, cluster) -> dict:
-    """What the trackers log as the run's config: the job, its plan (as passes), the prediction."""
+def run_config(graph: Graph, rt: RuntimeConfig, cluster, pred=None) -> dict:
+    """What the trackers log as the run's config: the job, its plan (as passes), the prediction (`pred`,
+    the model's for the plan on `cluster`)."""
     from rpeg.graph.serde import to_data
     from rpeg.interop.common import config_overrides, passes_of, view_of
 
     out = {"algorithm": graph.algorithm, "job": to_data(graph.job), "config": dict(config_overrides(graph)),
            "plan": passes_of(view_of(graph, actor=graph.model("actor").spec.name)),
            "runtime": to_data(rt)}
-    if cluster is not None:
-        from rpeg.perf.step import predict_step
-
-        pred = predict_step(graph, cluster)
+    if cluster is not None and pred is not None:
         out["prediction"] = {"cluster": cluster.name, "gpus": cluster.gpus,
                              "step_s": pred.step_s if pred.fits else None, "bottleneck": pred.bottleneck}
     return out
@@ -295,7 +299,7 @@ class _Runner:
         summary = {"seed": rt.seed, "threads": rt.threads or os.cpu_count(), "eval_size": rt.eval_size,
                    "task": rt.task, "torch": torch.__version__, "warmup": about["warmup"],
                    "wall_s": time.time() - about["started"], "device": rt.device}
-        summary |= self._beside_prediction(timeline, about.get("cluster"))
+        summary |= self._beside_prediction(timeline, about.get("prediction"))
         files = write_outputs(rt.out, metrics, timeline, acc_before, acc_after, summary) + [self.save_model()]
         return RunResult(metrics, timeline, acc_before, acc_after, rt.out, files, about["warmup"])
 
@@ -334,18 +338,14 @@ class _Runner:
         self.roles.restore(state)
         self.roles.push_weights(state["step"])
 
-    def _beside_prediction(self, timeline: Timeline, cluster) -> dict:
+    def _beside_prediction(self, timeline: Timeline, pred) -> dict:
         """The model's step time and peak memory per stage for this plan on the job's cluster, beside the
         measured ones (peak memory is measured on GPUs only: torch.cuda.max_memory_allocated per part)."""
         peaks: dict[str, float] = {}
         for r in timeline.records:
             peaks[r.unit] = max(peaks.get(r.unit, 0.0), r.peak_memory_bytes)
         out: dict = {}
-        pred = None
-        if cluster is not None:
-            from rpeg.perf.step import predict_step
-
-            pred = predict_step(self.g, cluster)
+        if pred is not None:  # the model's, for this plan on the job's cluster (run's _prediction)
             out["predicted_step_s"] = pred.step_s
         memory = {}
         for stage, peak in peaks.items():

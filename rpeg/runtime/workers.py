@@ -132,6 +132,14 @@ def _timed(fn, *args, **kwargs) -> Timed:
     return Timed(out, Span(t0, time.time(), float(torch.cuda.max_memory_allocated()) if gpu else 0.0))
 
 
+def _next_turn(method: str, *args):
+    """The reference to this actor's `method`(*args), queued behind whatever arrived meanwhile (a weight
+    update, another step's turn): a pool's next turn, which `Engines.wait` follows to the result."""
+    import ray
+
+    return getattr(ray.get_runtime_context().current_actor, method).remote(*args)
+
+
 class RolloutWorker(_Where):
     """One generation engine instance with its own copy of the weights; or, with `tp` > 1, one rank
     of a tensor-parallel engine (its process group the engine's `tp` ranks, each holding a
@@ -161,7 +169,6 @@ class RolloutWorker(_Where):
         self.pool = SegmentPool()  # partial rollout: every launched step's generations in flight here
         self.episode_pool = None  # partial rollout with episodes (agent_engine.EpisodePool), made when first used
         self.verified: tuple[int, torch.Tensor] | None = None  # the last verified sync: its version, fingerprints
-        self._started: dict[int, float] = {}  # an episode flight's start (its key in the pool)
 
     def generate(self, prompts, params: SamplingParams, seed: int):
         out = _timed(self.engine.generate, prompts, params, seed)
@@ -182,15 +189,12 @@ class RolloutWorker(_Where):
             self.episode_pool = EpisodePool(self.engine, self.tok)
         if key < 0:
             key = self.episode_pool.add(problems, spec, params, seed)
-            self._started[key] = time.time()
         got = self.episode_pool.turn(key)
         if got is None:
-            import ray
-
-            return ray.get_runtime_context().current_actor.episodes_partial.remote(None, spec, params, seed, key)
-        ep, versions = got
+            return _next_turn("episodes_partial", None, spec, params, seed, key)
+        ep, versions, started = got
         return Generated(ep.responses, ep.logprobs, min(ep.versions, default=self.engine.version),
-                         Span(self._started.pop(key), time.time()), token_versions=versions, episodes=ep)
+                         Span(started, time.time()), token_versions=versions, episodes=ep)
 
     def generate_partial(self, prompts, params: SamplingParams, seed: int, segment: int, key: int = -1):
         """Partial rollout: these generations join the engine's pool (rollout.SegmentPool) and advance a
@@ -202,9 +206,7 @@ class RolloutWorker(_Where):
             key = self.pool.add(InFlight(prompts, params, seed, segment, start=time.time()))
         state = self.pool.advance(key, self.engine)
         if state is None:
-            import ray
-
-            return ray.get_runtime_context().current_actor.generate_partial.remote(None, params, seed, segment, key)
+            return _next_turn("generate_partial", None, params, seed, segment, key)
         return Generated(state.tokens, state.logprobs, state.start_version, Span(state.start, time.time()),
                          token_versions=state.versions, engine_calls=state.calls)
 

@@ -47,7 +47,7 @@ def test_two_steps_episodes_share_the_pool_and_later_replies_take_newer_weights(
         assert turns < 20
     assert sum(engine.rows) == 5 * 2 and engine.threads == {threading.get_ident()}  # served here, every turn
     for key, n in ((first, 3), (second, 2)):
-        ep, versions = done[key]
+        ep, versions, _ = done[key]
         assert ep.turns == [2] * n and ep.outcomes == [1.0] * n and ep.tool_calls == [1] * n
         calls = len(tok.encode("calc(2*3)")) + 1
         for v, mask, start in zip(versions, ep.loss_masks, ep.versions):
