@@ -35,10 +35,10 @@ from rpeg.runtime.config import RuntimeConfig
 from rpeg.runtime.models import prompt_ids
 from rpeg.runtime.plan_check import runnable_plan
 from rpeg.runtime.rollout import SamplingParams
+from rpeg.runtime.run import task_of
 from rpeg.runtime.sft import prepare_model
 from rpeg.runtime.step import partial_segment
 from rpeg.spec import load_spec
-from rpeg.tasks import get_task
 
 K = 1  # the staleness bound of the plans (runnable_plan's)
 
@@ -58,7 +58,7 @@ def main() -> None:
         calibrate(devices=spec.gpus or 1)
     _, cluster, gpus = spec.cluster_and_gpus(default="cpu-local")
     rt = from_data(RuntimeConfig, spec.runtime, "runtime")
-    task = get_task(**rt.task) if isinstance(rt.task, dict) else get_task(rt.task)
+    task = task_of(rt)
     plan = runnable_plan(spec.graph(), cluster, gpus, micro_batch=rt.micro_batch, engine=rt.engine, partial=True)
     predicted = {"partial": plan.prediction.stages["generate"],
                  "drained": predict_step(plan.graph.replace(partial_rollout=False), cluster).stages["generate"]}

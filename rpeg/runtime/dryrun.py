@@ -33,23 +33,19 @@ def dry_run(graph: Graph, rt: RuntimeConfig, cluster=None) -> list[str]:
     """The checks above, in order: the lines that report each one passed (the first failure raises)."""
     from rpeg.runtime.plan_check import check_plan
     from rpeg.runtime.roles import step_stages
-    from rpeg.tasks import get_task
+    from rpeg.runtime.run import check_episodes, check_reward_path, task_of
 
     check_plan(graph)
     lines = []
     names = step_stages(graph)
-    task = get_task(**rt.task) if isinstance(rt.task, dict) else get_task(rt.task)
+    task = task_of(rt)
     if rt.environment is not None:
-        from rpeg.runtime.run import check_episodes
-
         check_episodes(graph, rt, task, names)
     lines.append("plan: the runtime runs it" + (" (with the job's environment)" if rt.environment else ""))
     lines.append(_devices(graph, rt))
     lines.append(_model(rt.model_path, "model_path"))
     if graph.stage(names.reward).model is not None:
-        if not rt.reward_model_path:
-            raise RpegError("the plan scores with a reward model: set runtime.reward_model_path to a local Hugging "
-                            "Face sequence-classification folder (or `tiny` for a tiny random one)")
+        check_reward_path(rt)
         lines.append(_model(rt.reward_model_path, "reward_model_path"))
     problems = task.problems("train", 2, seed=rt.seed)
     task.reward(problems[0], "")

@@ -90,8 +90,6 @@ def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool
         cluster=None) -> RunResult:
     """`cluster`: the job's cluster (rpeg.hardware), if known: the summary then sets the model's
     predicted step time and peak memory per stage beside the measured ones."""
-    from rpeg.tasks import get_task
-
     check_plan(graph)
     if rt.device == "cuda" and not torch.cuda.is_available():
         raise RpegError("runtime.device is cuda, but torch sees no CUDA device on this machine (device: cpu runs "
@@ -106,7 +104,7 @@ def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool
         from rpeg.runtime.vllm_engine import require
 
         require()
-    task = get_task(**rt.task) if isinstance(rt.task, dict) else get_task(rt.task)
+    task = task_of(rt)
     if rt.environment is not None:
         check_episodes(graph, rt, task, names)
     os.makedirs(rt.out, exist_ok=True)
@@ -381,11 +379,23 @@ def check_episodes(graph: Graph, rt: RuntimeConfig, task, names) -> None:
     rt.env_spec(task).factory()  # the environment refuses a task or option value here, once
 
 
-def _reward_path(rt: RuntimeConfig) -> str:
-    """The reward model's folder: the job's, or the tiny one built under the run's folder."""
+def task_of(rt: RuntimeConfig):
+    """The job's task: runtime.task, a name or a mapping of the name and its options."""
+    from rpeg.tasks import get_task
+
+    return get_task(**rt.task) if isinstance(rt.task, dict) else get_task(rt.task)
+
+
+def check_reward_path(rt: RuntimeConfig) -> None:
+    """A plan that scores with a reward model needs runtime.reward_model_path: one line if it is not set."""
     if not rt.reward_model_path:
         raise RpegError("the plan scores with a reward model: set runtime.reward_model_path to a local Hugging Face "
                         "sequence-classification folder (or `tiny` for a tiny random one)")
+
+
+def _reward_path(rt: RuntimeConfig) -> str:
+    """The reward model's folder: the job's, or the tiny one built under the run's folder."""
+    check_reward_path(rt)
     if rt.reward_model_path == "tiny":
         from rpeg.runtime.models import build_tiny_reward
 
