@@ -51,6 +51,7 @@ _COUNTS = (
     ("engine_kv_cache_mib", 0, 16_777_216, "16 TiB of KV cache"),
     ("partial_segment", 0, MAX_TOKENS, ""),
     ("verify_sync_every", 0, MAX_RUN_STEPS, ""),
+    ("max_restarts", 0, 10_000, "a run restarted more often has a fault that restarts do not mend"),
     ("seed", 0, 2**31 - 1, "a 31-bit seed: the seeds derived from it stay in every generator's range"),
 )
 # Numbers that must be usable positive numbers: below the least, float32 arithmetic loses them (a
@@ -63,6 +64,7 @@ _REALS = (
     ("engine_memory", 0.01, 1.0, "a fraction of device memory"),
     ("wait_timeout_s", 1.0, 1e7, "about four months"),
     ("wait_timeout_factor", 1.0, 1e4, ""),
+    ("startup_timeout_s", 1.0, 1e7, "about four months"),
 )  # warmup_target, an accuracy in [0, 1), has its own rule below
 
 
@@ -105,6 +107,10 @@ class RuntimeConfig:
     # least wait_timeout_s (runtime/waits.py): a hung worker ends the run with one line, not a silent hang
     wait_timeout_s: float = 1800.0
     wait_timeout_factor: float = 10.0
+    startup_timeout_s: float = 600.0  # ... and before the first step (models loading), or while a restart's do: this
+    # a worker that dies, fails or times out is restarted and the run goes on (runtime.run's recovery), at
+    # most this many times a run; past it the run stops with one line and its last checkpoint
+    max_restarts: int = 3
     environment: dict[str, Any] | None = None  # multi-turn episodes: {name: calculator, max_turns: 3, ...}
 
     def __post_init__(self) -> None:

@@ -127,6 +127,11 @@ class ProgressBar:
                              stale=f"{m['staleness_max']}")
         self.bar.update(1)
 
+    def back_to(self, step: int) -> None:
+        """The run goes on from `step` again (a restart from a checkpoint)."""
+        self.bar.n = step
+        self.bar.refresh()
+
     def close(self) -> None:
         self.bar.close()
 

@@ -104,6 +104,9 @@ def step_stages(graph: Graph) -> StepStages:
 # colocated reference, a scorer beside a trainer): the plan decides what shares a device, not Ray.
 GPU_SHARE = 0.01
 PLACEMENT_TIMEOUT_S = 60.0  # waiting longer for a Ray cluster's free devices means it has too few
+# the ports one build of the workers' groups may take (training, critic, weight sync, an engine's each)
+# above its base: a restart's build meets on the next ones, never on the killed workers' sockets
+PORTS_PER_ATTEMPT = 64
 
 
 class Placement:
@@ -216,22 +219,65 @@ class Engines:
 
     ray: object
     ranks: list[list]
+    # each call's first future -> (engine, method, arguments, whether every rank took it): what a restarted
+    # engine is given again (`resubmit`); a step forgets its calls when it is done (`forget`)
+    sent: dict = field(default_factory=dict)
+
+    def _call(self, j: int, method: str, args: tuple, every_rank: bool = True) -> list:
+        futures = [getattr(w, method).remote(*args) for w in (self.ranks[j] if every_rank else self.ranks[j][:1])]
+        self.sent[futures[0]] = (j, method, args, every_rank)
+        return futures
 
     def submit(self, prompts: list, params, seed: int, segment: int = 0) -> list[list]:
         """Start generating `prompts`, split over the engines (engine j seeded `seed + j`): the futures.
         `segment` > 0: partial rollout, `segment` tokens at a time (workers.RolloutWorker.generate_partial)."""
         parts = shards(len(prompts), len(self.ranks))
         method, extra = ("generate_partial", (segment,)) if segment > 0 else ("generate", ())
-        return [[getattr(w, method).remote([prompts[i] for i in idx], params, seed + j, *extra) for w in ranks]
-                for j, (ranks, idx) in enumerate(zip(self.ranks, parts))]
+        return [self._call(j, method, ([prompts[i] for i in idx], params, seed + j, *extra))
+                for j, idx in enumerate(parts)]
 
     def submit_episodes(self, problems: list, spec, params, seed: int, partial: bool = False) -> list[list]:
         """Start one multi-turn episode per problem, split over the engines like `submit`: the futures.
         `partial`: partial rollout, the episodes in each engine's pool (workers.RolloutWorker.episodes_partial)."""
         parts = shards(len(problems), len(self.ranks))
         method = "episodes_partial" if partial else "episodes"
-        return [[getattr(ranks[0], method).remote([problems[i] for i in idx], spec, params, seed + j)]
-                for j, (ranks, idx) in enumerate(zip(self.ranks, parts))]
+        return [self._call(j, method, ([problems[i] for i in idx], spec, params, seed + j), every_rank=False)
+                for j, idx in enumerate(parts)]
+
+    def resubmit(self, part: list[list], dead: list[int]) -> int:
+        """A launched part's calls on engines `dead` (restarted since) made again on their new ranks, with the
+        same arguments, in place; the calls of the other engines stand. How many were made again."""
+        again = 0
+        for i, futures in enumerate(part):
+            j, method, args, every_rank = self.sent.get(futures[0], (None, "", (), True))
+            if j in dead:
+                part[i] = self._call(j, method, args, every_rank)
+                again += 1
+        return again
+
+    def forget(self, part: list[list]) -> None:
+        """A finished part's calls: no longer to be made again."""
+        for futures in part:
+            self.sent.pop(futures[0], None)
+
+    def dead(self, probe_s: float = 2.0) -> list[int]:
+        """The engines with a rank that has died: each rank is asked where it runs; a dead one's answer is an
+        error at once, a live one answers or is busy (a generation under way) past `probe_s`."""
+        import ray
+
+        probes = [[w.where.remote() for w in ranks] for ranks in self.ranks]
+        flat = [p for ps in probes for p in ps]
+        ready, _ = ray.wait(flat, num_returns=len(flat), timeout=probe_s)
+        out = []
+        for j, ps in enumerate(probes):
+            for p in ps:
+                if p in ready:
+                    try:
+                        ray.get(p)
+                    except ray.exceptions.RayActorError:
+                        out.append(j)
+                        break
+        return out
 
     def wait(self, pending: list[list]) -> list:
         """Each engine's workers.Generated, in order (a partial rollout's segments followed to the last)."""
@@ -279,6 +325,9 @@ class Roles:
     workers: list = field(default_factory=list)  # every distinct handle
     placement: Placement | None = None
     scorers: list = field(default_factory=list)  # a reward model's workers, one per device of its stage
+    labels: dict = field(default_factory=dict)  # each worker's actor id (hex) -> what it is, for the logs
+    # a split plan's: "engine"(j, attempt) -> engine j's new ranks; "sync"(attempt) forms the weight-sync group
+    respawn: dict = field(default_factory=dict)
 
     def score(self, texts: list[str]) -> tuple[torch.Tensor, tuple[float, float]]:
         """The reward model's score of each text, the texts split over its scorers."""
@@ -289,15 +338,16 @@ class Roles:
 
     @classmethod
     def build(cls, graph: Graph, rt: RuntimeConfig, model_path: str, ray, reward_path: str = "",
-              names: StepStages | None = None) -> Roles:
+              names: StepStages | None = None, attempt: int = 0) -> Roles:
         """`ray`: the module, or runtime.waits.BoundedRay (the module is wrapped in one bounded by the floor,
-        runtime.wait_timeout_s, until the driver sets the plan's bound)."""
+        runtime.wait_timeout_s, until the driver sets the plan's bound). `attempt`: how many times the run's
+        workers were restarted before (their groups then meet on other ports than the killed ones')."""
         from rpeg.runtime.waits import BoundedRay
 
         if not isinstance(ray, BoundedRay):
-            ray = BoundedRay(ray, 0.0, rt.wait_timeout_s)
+            ray = BoundedRay(ray, 0.0, rt.wait_timeout_s, rt.startup_timeout_s)
         names = names or step_stages(graph)
-        roles = cls._build(graph, names, rt, model_path, ray)
+        roles = cls._build(graph, names, rt, model_path, ray, attempt)
         reward = graph.stage(names.reward)
         if reward.model is not None:  # a reward model: one scorer per device of its stage
             from rpeg.runtime import workers as W
@@ -309,10 +359,51 @@ class Roles:
                 **roles.placement.on(grp.first + d)).remote(reward_path, threads,
                                                           micro_batch(graph, reward.name), rt.device)
                 for d in range(n)]
+        roles.labels = roles._labels(graph, names)
         return roles
 
+    def _labels(self, graph: Graph, names: StepStages) -> dict:
+        """Each worker's actor id -> what it is and the plan device it sits on, as the logs name it."""
+        out = {}
+
+        def name(worker, what: str, device: int) -> None:
+            out.setdefault(worker._actor_id.hex(), f"{what} (plan device {device})")
+        first = {s: graph.group(graph.stage(s).group).first for s in (names.generate, names.actor_update)}
+        if self.colocated:
+            for r, w in enumerate(self.actor.workers):
+                name(w, f"colocated worker {r} (engine, actor{', reference' if self.reference else ''}"
+                        f"{', critic' if self.critic_trained else ''})", first[names.generate] + r)
+        else:
+            tp = len(self.engines.ranks[0])
+            for j, ranks in enumerate(self.engines.ranks):
+                for r, w in enumerate(ranks):
+                    name(w, f"engine {j}" + (f" rank {r}" if tp > 1 else ""), first[names.generate] + j * tp + r)
+            for r, w in enumerate(self.actor.workers):
+                name(w, f"actor rank {r}", first[names.actor_update] + r)
+            for role, stage in ((self.reference, names.ref_logprobs), (self.critic, names.critic_update)):
+                if role is not None and role is not self.actor:
+                    what = "reference" if role is self.reference else "critic"
+                    for r, w in enumerate(role.workers):
+                        name(w, f"{what} rank {r}", graph.group(graph.stage(stage).group).first + r)
+        if self.scorers:
+            reward = graph.stage(names.reward)
+            for d, w in enumerate(self.scorers):
+                name(w, f"reward model {d}", graph.group(reward.group).first + d)
+        return out
+
+    def kill(self) -> None:
+        """Every worker killed (SIGKILL: a stopped or hung one too) and the devices given back: what a
+        restart of the run's workers starts from."""
+        for w in self.workers + self.scorers:
+            try:
+                self.ray.kill(w, no_restart=True)
+            except Exception:  # already dead
+                pass
+        self.close()
+
     @classmethod
-    def _build(cls, graph: Graph, names: StepStages, rt: RuntimeConfig, model_path: str, ray) -> Roles:
+    def _build(cls, graph: Graph, names: StepStages, rt: RuntimeConfig, model_path: str, ray,
+               attempt: int = 0) -> Roles:
         from rpeg.runtime import workers as W
 
         cfg = graph.config
@@ -334,10 +425,14 @@ class Roles:
         model_ops = {"logprobs": "logprobs", "values": "values", "train": "train", "state": "checkpoint_state",
                      "restore": "restore", "train_fused": "train_fused", "send": "send_weights",
                      "logprobs_values": "logprobs_values"}
-        port = 29500 + random.Random(os.getpid()).randrange(2000)
+        base = 29500 + random.Random(os.getpid()).randrange(2000)
 
-        def meet(device: int, offset: int = 0) -> str:  # a group's rendezvous: its rank 0's node, here otherwise
-            return f"{_node_ip(ray, place.on(device))}:{port + offset}"
+        def port(attempt: int) -> int:
+            return base + PORTS_PER_ATTEMPT * attempt
+
+        def meet(device: int, offset: int = 0, attempt: int = attempt) -> str:
+            """A group's rendezvous: its rank 0's node (here otherwise), on `attempt`'s ports."""
+            return f"{_node_ip(ray, place.on(device))}:{port(attempt) + offset}"
         if colocated:  # one process per device, each hosting every role (FSDP2 shards across them)
             n = train.layout.devices
             master = meet(first(names.actor_update)) if n > 1 else ""
@@ -358,13 +453,13 @@ class Roles:
             return cls(ray, True, Engines(ray, [[w] for w in cws]), actor, reference, critic, has_critic, cws, place)
         ngen, gtp, ntrain, tp, pp = gen.layout.dp, gen.layout.tp, train.layout.devices, train.layout.tp, train.layout.pp
         threads = rt.threads or max(1, cores // (ngen * gtp + ntrain))
-        ranks = []
-        for j in range(ngen):  # engine j: its gtp consecutive devices, a process group of its own when gtp > 1
-            master = meet(first(names.generate) + j * gtp, 3 + j) if gtp > 1 else ""
-            ranks.append([remote(W.RolloutWorker, first(names.generate) + j * gtp + r).remote(
+        def engine(j: int, attempt: int) -> list:  # engine j: gtp consecutive devices, a group of its own if gtp > 1
+            master = meet(first(names.generate) + j * gtp, 3 + j, attempt) if gtp > 1 else ""
+            return [remote(W.RolloutWorker, first(names.generate) + j * gtp + r).remote(
                 model_path, threads, rt.deterministic, rt.engine, rt.seed + j, rt.engine_memory,
                 rt.engine_kv_cache_mib, rank=r, tp=gtp, master=master, max_seqs=gen.layout.max_seqs, **dev)
-                for r in range(gtp)])
+                for r in range(gtp)]
+        ranks = [engine(j, attempt) for j in range(ngen)]
         master = meet(first(names.actor_update))
         trainers = [remote(W.TrainerWorker, first(names.actor_update) + r).remote(
             model_path, cfg, optim, lm=True, value=shared_value, rank=r, world=ntrain, master=master,
@@ -388,14 +483,37 @@ class Roles:
         engines = Engines(ray, ranks)
         # the weight-sync group: the actor's rank 0 and every engine rank, meeting at rank 0 (runtime.weights)
         metas = ray.get([t.weight_manifest.remote() for t in trainers], what="the trainers' start")[0]
-        sync, world = meet(first(names.actor_update), 2), 1 + len(engines.workers)
-        every = rt.verify_sync_every
-        ray.get([trainers[0].open_channel.remote(sync, world, metas, every)] +
-                [w.open_channel.remote(sync, 1 + i, world, metas, every) for i, w in enumerate(engines.workers)],
-                what="the weight-sync group's forming")
+
+        def form_sync(attempt: int) -> None:
+            sync, world, every = meet(first(names.actor_update), 2, attempt), 1 + len(engines.workers), \
+                rt.verify_sync_every
+            ray.get([trainers[0].open_channel.remote(sync, world, metas, every)] +
+                    [w.open_channel.remote(sync, 1 + i, world, metas, every) for i, w in enumerate(engines.workers)],
+                    what="the weight-sync group's forming")
+        form_sync(attempt)
         everyone = engines.workers + trainers + (reference.workers if reference else []) + \
             (critic.workers if critic is not None and critic is not actor else [])
-        return cls(ray, False, engines, actor, reference, critic, has_critic, everyone, place)
+        return cls(ray, False, engines, actor, reference, critic, has_critic, everyone, place,
+                   respawn={"engine": engine, "sync": form_sync})
+
+    def restart_engines(self, dead: list[int], attempt: int, version: int) -> Span:
+        """Engines `dead` (a split plan's) killed and started again on their devices, the weight-sync group
+        formed anew with them (on `attempt`'s ports) and weight `version` pushed to every engine: the span
+        of the push. The other workers, and what they hold, stay as they are."""
+        for j in dead:
+            for w in self.engines.ranks[j]:
+                try:
+                    self.ray.kill(w, no_restart=True)
+                except Exception:  # already dead
+                    pass
+            old = self.engines.ranks[j]
+            self.engines.ranks[j] = self.respawn["engine"](j, attempt)
+            for o, new in zip(old, self.engines.ranks[j]):
+                self.labels[new._actor_id.hex()] = self.labels.get(o._actor_id.hex(), f"engine {j}")
+            self.workers = [new for w in self.workers for new in
+                            ([self.engines.ranks[j][old.index(w)]] if w in old else [w])]
+        self.respawn["sync"](attempt)
+        return self.push_weights(version)
 
     def update(self, batch: Batch, *args, fused: bool = False) -> Updated:
         """The actor's update and a trained critic's. Fused by the plan on one worker, their optimizer

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -128,13 +130,13 @@ def run(graph: Graph, rt: RuntimeConfig, *, resume: bool = False, progress: bool
     runner, status = None, "FAILED"
     try:
         runner = _Runner(graph, rt, task, tok, model_path, session.ray, trackers)
-        runner.roles.ray.bound_s = _wait_bound(graph, rt, pred)
+        runner.waits.bound_s = _wait_bound(graph, rt, pred)
         result = runner.loop(state, progress, {"warmup": warmup, "started": t0, "prediction": pred})
         status = "FINISHED"
         return result
     finally:
         trackers.close(status)
-        if runner is not None:
+        if runner is not None and runner.roles is not None:
             runner.roles.close()
         session.close()
 
@@ -176,21 +178,36 @@ def run_config(graph: Graph, rt: RuntimeConfig, cluster, pred=None) -> dict:
 
 class _Runner:
     def __init__(self, graph: Graph, rt: RuntimeConfig, task, tok, model_path: str, ray, trackers: Trackers):
+        from rpeg.runtime.waits import BoundedRay
+
         self.g, self.rt, self.task, self.tok = graph, rt, task, tok
         self.trackers = trackers
         self.job = graph.job
         self.names = step_stages(graph)
         self.k = graph.async_bound
-        reward_model = graph.stage(self.names.reward).model is not None
-        self.roles = Roles.build(graph, rt, model_path, ray, _reward_path(rt) if reward_model else "",
-                                 names=self.names)
-        self.steps = Steps(graph, rt, task, tok, self.roles, self.names, self._record, self._episodes)
+        # every wait on the workers, bounded (runtime.waits)
+        self.waits = BoundedRay(ray, 0.0, rt.wait_timeout_s, rt.startup_timeout_s)
+        self.model_path = model_path  # the folder the run started from: its config and tokenizer
+        self.reward_path = _reward_path(rt) if graph.stage(self.names.reward).model is not None else ""
+        self.roles: Roles | None = None
+        self._start_workers(attempt=0)
+        self._restarting: tuple[dict, float] | None = None  # a restart under way: its row, when the fault came
         self.groups = {s.name: graph.group(s.group) for s in graph.stages if s.group}
         self.t0 = time.time()
         self.records: list[Record] = []
         self.details: list[Record] = []  # inside generation: episodes' turns and tool calls, engine calls
-        self.model_path = model_path  # the folder the run started from: its config and tokenizer
+        self.recoveries: list[dict] = []  # each restart of the workers: the fault, the step, what it cost
+        self._recovery_records: list[Record] = []  # the same in the timeline: a lane of its own
         self.checkpointed = -1  # the step of the last checkpoint this run wrote
+        self.logged = 0  # the last step whose metrics the trackers have (a step run again is not logged twice)
+        self.step = 0  # the step under way (what a fault interrupted)
+
+    def _start_workers(self, attempt: int) -> None:
+        """The plan's workers (Roles) and the step's tasks on them; `attempt` > 0: a restart's."""
+        self.waits.starting, self.waits.where = True, "starting the workers"
+        self.roles = Roles.build(self.g, self.rt, self.model_path, self.waits, self.reward_path, names=self.names,
+                                 attempt=attempt)
+        self.steps = Steps(self.g, self.rt, self.task, self.tok, self.roles, self.names, self._record, self._episodes)
 
     # ---- helpers -----------------------------------------------------------------------------------
     def _record(self, stage: str, step: int, span, group_of: str | None = None, microbatch: int = 0) -> None:
@@ -256,50 +273,189 @@ class _Runner:
     # ---- the loop ------------------------------------------------------------------------------------
     def loop(self, state: dict | None, progress: bool, about: dict) -> RunResult:
         rt = self.rt
-        start, metrics, pending = 0, [], {}
-        if state is not None:
-            start, metrics = state["step"], state["metrics"]
-            self._restore(state)
-            for s, res in state.get("inflight", {}).items():
-                done = Rollout.from_dict(res)
-                pending[int(s)] = Launched(self.steps.problems(int(s)), done.prompts, done=done)
-        acc_before = state["accuracy_before"] if state else self.evaluate()
-        if state is None:
-            self.trackers.accuracy(0, acc_before)
-        bar = ProgressBar(rt.steps, start, progress)
+        # what a restart before the first checkpoint starts again from: the driver's generators as they were
+        self.initial_rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        self.acc_before = state["accuracy_before"] if state else None
+        self.logged = state["step"] if state else 0
+        bar = ProgressBar(rt.steps, state["step"] if state else 0, progress)
         try:
-            for step in range(start, rt.steps):
-                t_step = time.time()
-                self.roles.ray.where, self.roles.ray.starting = f"step {step + 1}", False
-                for j in range(step, min(rt.steps, step + self.k + 1)):  # may run on version `step` (>= j - k)
-                    if j not in pending:
-                        pending[j] = self.steps.launch(j)
-                m = self.steps.run(step, pending.pop(step))
-                self._sync(step + 1, step)
-                m["step_s"] = time.time() - t_step
-                if rt.eval_every and ((step + 1) % rt.eval_every == 0 or step + 1 == rt.steps):
-                    acc = self.evaluate()
-                    m["test_accuracy"], m["test_accuracy_greedy"] = acc["sampled"], acc["greedy"]
-                    if "sampled_tool_calls" in acc:
-                        m["test_tool_calls"] = acc["sampled_tool_calls"]
-                metrics.append(m)
-                append_jsonl(os.path.join(rt.out, "metrics.jsonl"), m)
-                self.trackers.log(m)
-                if rt.checkpoint_every and ((step + 1) % rt.checkpoint_every == 0 or step + 1 == rt.steps):
-                    self._checkpoint(step + 1, metrics, pending, acc_before)
-                bar.update(m)
+            while True:
+                try:
+                    if self.roles is None:  # restarting: the workers, as at the start
+                        self._start_workers(attempt=len(self.recoveries))
+                    metrics, acc_after = self._attempt(state, bar)
+                    break
+                except Exception as err:  # noqa: BLE001 -- a worker's fault is recovered; anything else raises
+                    if not is_fault(err):
+                        raise
+                    state = self._recover(err, bar)
         finally:
             bar.close()
-        acc_after = self.evaluate()
+        acc_before = self.acc_before
         if not metrics or "test_accuracy" not in metrics[-1]:  # else logged with the last step (the same policy)
             self.trackers.accuracy(rt.steps, acc_after)
         timeline = self._timeline(metrics)
         summary = {"seed": rt.seed, "threads": rt.threads or os.cpu_count(), "eval_size": rt.eval_size,
                    "task": rt.task, "torch": torch.__version__, "warmup": about["warmup"],
                    "wall_s": time.time() - about["started"], "device": rt.device}
+        if self.recoveries:
+            summary["recoveries"] = self.recoveries
         summary |= self._beside_prediction(timeline, about.get("prediction"))
         files = write_outputs(rt.out, metrics, timeline, acc_before, acc_after, summary) + [self.save_model()]
         return RunResult(metrics, timeline, acc_before, acc_after, rt.out, files, about["warmup"])
+
+    def _attempt(self, state: dict | None, bar: ProgressBar) -> tuple[list, dict]:
+        """The run from `state` (a checkpoint's; None: from the start) on the workers as they are now: the
+        steps' metrics and the held-out accuracy after the last. A worker's fault raises out of it."""
+        rt = self.rt
+        start, metrics, pending = 0, [], {}
+        if state is not None:
+            start, metrics = state["step"], list(state["metrics"])
+            self._restore(state)
+            for s, res in state.get("inflight", {}).items():
+                done = Rollout.from_dict(res)
+                pending[int(s)] = Launched(self.steps.problems(int(s)), done.prompts, done=done)
+        if self._restarting is not None:  # the workers are back, with the weights they go on from
+            self._restarted()
+        if self.acc_before is None:
+            self.acc_before = self.evaluate()
+            self.trackers.accuracy(0, self.acc_before)
+        for step in range(start, rt.steps):
+            self.step = step
+            t_step = time.time()
+            self.waits.where, self.waits.starting = f"step {step + 1}", False
+            for j in range(step, min(rt.steps, step + self.k + 1)):  # may run on version `step` (>= j - k)
+                if j not in pending:
+                    pending[j] = self.steps.launch(j)
+            m = self._run_step(step, pending)
+            self._sync_step(step, pending)
+            m["step_s"] = time.time() - t_step
+            if rt.eval_every and ((step + 1) % rt.eval_every == 0 or step + 1 == rt.steps):
+                acc = self.evaluate()
+                m["test_accuracy"], m["test_accuracy_greedy"] = acc["sampled"], acc["greedy"]
+                if "sampled_tool_calls" in acc:
+                    m["test_tool_calls"] = acc["sampled_tool_calls"]
+            metrics.append(m)
+            append_jsonl(os.path.join(rt.out, "metrics.jsonl"), m)
+            if m["step"] > self.logged:  # a step run again after a restart was logged the first time
+                self.trackers.log(m)
+                self.logged = m["step"]
+            if rt.checkpoint_every and ((step + 1) % rt.checkpoint_every == 0 or step + 1 == rt.steps):
+                self.waits.where = f"step {step + 1}'s checkpoint"
+                self._checkpoint(step + 1, metrics, pending, self.acc_before)
+            bar.update(m)
+        self.waits.where = "the last held-out evaluation"
+        return metrics, self.evaluate()
+
+    def _run_step(self, step: int, pending: dict) -> dict:
+        """Step `step` on its launched generation (popped from `pending`): its metrics. An engine that dies
+        before the step's update starts (a split plan's) is restarted on its own and its calls made again
+        (`_engines_back`); the step then runs again from its first part, its records so far dropped."""
+        item = pending.pop(step)
+        marks = len(self.records), len(self.details)
+        while True:
+            try:
+                m = self.steps.run(step, item)
+                self.steps.forget(item)
+                return m
+            except Exception as err:  # noqa: BLE001 -- an engine's death is mended here; anything else raises
+                if not self._engines_back(err, step, [item, *pending.values()]):
+                    raise
+                del self.records[marks[0]:], self.details[marks[1]:]
+
+    def _sync_step(self, step: int, pending: dict) -> None:
+        """The weight sync that ends step `step`. An engine that died meanwhile (under bounded asynchrony,
+        while it generated a later step) leaves the other engines inside the failed broadcast: every engine
+        is restarted and given the new weights, and the later steps' calls are made again (`_engines_back`)."""
+        try:
+            self._sync(step + 1, step)
+        except Exception as err:  # noqa: BLE001 -- an engine's death is mended here; anything else raises
+            if not self._engines_back(err, step, list(pending.values()), synced=True):
+                raise
+
+    def _engines_back(self, err: BaseException, step: int, items: list, synced: bool = False) -> bool:
+        """After a fault in step `step` (`synced`: in its closing weight sync): if engines of a split plan
+        died, and the trained weights have not moved this step (or the step's update is done: `synced`),
+        restart just the engines (Roles.restart_engines: the dead ones; after a failed sync, every one), push
+        them the current weights (version `step`, or `step` + 1 after the update), make their calls of every
+        launched step in `items` again, and say True. The trainers and what they hold stay. Else False: the
+        whole run's recovery takes over."""
+        import ray
+
+        if self.roles.colocated or (self.steps.updating and not synced) or not is_fault(err):
+            return False
+        if len(self.recoveries) >= self.rt.max_restarts:
+            return False  # the run's recovery says so, in one line
+        died = self.roles.engines.dead()
+        if not died:
+            return False
+        dead = list(range(len(self.roles.engines.ranks))) if synced else died
+        version = step + 1 if synced else step
+        t, n = time.time(), len(self.recoveries) + 1
+        what = f"{self.waits.where}: {describe_fault(err, self.roles.labels)}"
+        if not isinstance(err, ray.exceptions.RayActorError):  # another worker's error said it: name the dead
+            who = ", ".join(self.roles.labels.get(w._actor_id.hex(), f"engine {j}")
+                            for j in died for w in self.roles.engines.ranks[j])
+            what = f"{self.waits.where}: {who} died, and {describe_fault(err, self.roles.labels)}"
+        _log(f"rpeg: {what}; restarting engine(s) {', '.join(map(str, dead))} with the weights of version "
+             f"{version} and making their calls again (restart {n} of at most {self.rt.max_restarts})")
+        self.waits.where, self.waits.starting = f"step {step + 1}: restarting engine(s)", True
+        span = self.roles.restart_engines(dead, attempt=n, version=version)
+        if synced:
+            self._record(self.names.sync, step, span, self.names.generate)
+        again = sum(self.steps.resubmit(item, dead) for item in items)
+        self.waits.where, self.waits.starting = f"step {step + 1}", False
+        row = {"restart": n, "fault": what, "step": step + 1, "engines": dead, "calls_again": again,
+               "from_step": step, "steps_lost": 0, "restart_s": 0.0}
+        self.recoveries.append(row)
+        self._restarting = (row, t)
+        self._restarted()
+        return True
+
+    def _recover(self, err: BaseException, bar: ProgressBar) -> dict | None:
+        """After a worker's fault: every worker killed (the loop starts them again) and the state to go on
+        from (the last checkpoint's; None: the start). Logged on stderr and in recoveries.jsonl; past
+        runtime.max_restarts, an RpegError naming the fault instead."""
+        rt, t = self.rt, time.time()
+        what = f"{self.waits.where}: {describe_fault(err, self.roles.labels if self.roles else {})}"
+        state = load_latest(os.path.join(rt.out, "checkpoints"))
+        stands = (f"its last checkpoint (step {state['step']}) stands for --resume" if state is not None else
+                  "it wrote no checkpoint yet (runtime.checkpoint_every)")
+        if len(self.recoveries) >= rt.max_restarts:
+            raise RpegError(f"{what}; the run restarted its workers {len(self.recoveries)} time(s), "
+                            f"runtime.max_restarts: the run stops here, and {stands}") from None
+        n, frm = len(self.recoveries) + 1, state["step"] if state is not None else 0
+        _log(f"rpeg: {what}; restarting the workers from "
+             f"{f'the checkpoint of step {frm}' if state is not None else 'the start'} "
+             f"(restart {n} of at most {rt.max_restarts})")
+        self.waits.where = "restarting the workers"
+        if self.roles is not None:
+            self.roles.kill()
+        self.roles = None
+        if state is None:  # the start again: the driver's generators as they were, nothing measured yet
+            torch.set_rng_state(self.initial_rng["torch"])
+            random.setstate(self.initial_rng["python"])
+            self.records, self.details = [], []
+        # metrics.jsonl holds exactly the steps the run goes on from (as --resume leaves it)
+        write_jsonl(os.path.join(rt.out, "metrics.jsonl"), state["metrics"] if state else [])
+        bar.back_to(frm)
+        row = {"restart": n, "fault": what, "step": self.step + 1, "from_step": frm,
+               "steps_lost": self.step - frm, "restart_s": 0.0}
+        self.recoveries.append(row)
+        self._restarting = (row, t)
+        return state
+
+    def _restarted(self) -> None:
+        """A restart is done (its workers started, the state restored): its time in recoveries.jsonl and the
+        timeline's recovery lane, from the fault to now."""
+        row, t = self._restarting
+        self._restarting = None
+        row["restart_s"] = time.time() - t
+        append_jsonl(os.path.join(self.rt.out, "recoveries.jsonl"), row)
+        self._recovery_records.append(Record(unit="recovery", kind="recovery", step=self.step, microbatch=0,
+                                             group="host", devices=(0, 0), start=t - self.t0,
+                                             end=time.time() - self.t0,
+                                             label=f"restart {row['restart']}: {row['fault']}"))
 
     # ---- checkpoints -------------------------------------------------------------------------------------
     def _checkpoint(self, step: int, metrics: list, pending: dict, acc_before: float) -> None:
@@ -314,6 +470,7 @@ class _Runner:
                  # the measured timeline so far, on the run's own clock: a resumed run's timeline
                  # continues it (with the gap while it was down) instead of starting over
                  "timeline": {"t0": self.t0, "records": [r for r in self.records if r.step < step],
+                              "recoveries": list(self._recovery_records),
                               "details": [r for r in self.details if r.step < step]}}
         save_atomic(os.path.join(self.rt.out, "checkpoints"), step, state, self.rt.keep_checkpoints,
                     extra=lambda tmp: save_policy(state["actor"]["model"], self.model_path, os.path.join(tmp, "model")))
@@ -331,6 +488,8 @@ class _Runner:
         if "timeline" in state:
             self.t0, self.records = state["timeline"]["t0"], list(state["timeline"]["records"])
             self.details = list(state["timeline"].get("details", ()))
+            # a resumed run takes the restarts recorded before; a restart inside the run knows them all already
+            self._recovery_records = self._recovery_records or list(state["timeline"].get("recoveries", ()))
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         self.roles.restore(state)
@@ -360,10 +519,52 @@ class _Runner:
         steps = max((r.step for r in self.records), default=0) + 1
         ends = [max((r.end for r in self.records if r.step == s), default=0.0) for s in range(steps)]
         step_s = sum(m["step_s"] for m in metrics) / len(metrics) if metrics else 0.0
-        return Timeline(records=tuple(sorted(self.records, key=lambda r: r.start)), steps=steps, step_s=step_s,
+        records = self.records + self._recovery_records
+        return Timeline(records=tuple(sorted(records, key=lambda r: r.start)), steps=steps, step_s=step_s,
                         step_ends=tuple(ends), tokens_per_step=0.0, sequences_per_step=self.job.sequences,
                         max_staleness=max((m["staleness_max"] for m in metrics), default=0), source="measured",
                         details=tuple(sorted(self.details, key=lambda r: r.start)))
+
+
+def is_fault(err: BaseException) -> bool:
+    """Whether `err` is a worker's fault the run recovers from: a worker that died (its process killed, its
+    node lost), failed (an exception in its code) or stopped answering (runtime.waits.WorkerTimeout). A
+    worker's RpegError (a weight sync that verified wrong, a plan's contract broken) is not: it stops the run."""
+    from rpeg.runtime.waits import WorkerTimeout
+
+    if isinstance(err, WorkerTimeout):
+        return True
+    if isinstance(err, RpegError):
+        return False
+    try:
+        import ray
+    except ImportError:
+        return False
+    return isinstance(err, ray.exceptions.RayError)
+
+
+def describe_fault(err: BaseException, labels: dict) -> str:
+    """One line: which worker (by `labels`, actor id -> what it is) did what."""
+    import ray
+
+    if isinstance(err, ray.exceptions.RayActorError):
+        who = labels.get(err.actor_id or "", "a worker")
+        return f"{who} died ({type(err).__name__}: its process exited or was killed)"
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip()
+    lines = text.splitlines() or [type(err).__name__]
+    # a worker's exception: "ray::Class.method() (pid=..., ip=..., actor_id=..., repr=...)", its traceback, the error
+    call = re.match(r"ray::(\S+?)\(\)\s*\(pid=(\d+).*?actor_id=([0-9a-f]+)", lines[0])
+    if call is not None:
+        who = labels.get(call.group(3), f"process {call.group(2)}")
+        return f"{call.group(1)} failed on {who} ({lines[-1][:200]})"
+    return f"a worker failed ({type(err).__name__}: {lines[0][:300]})"
+
+
+def _log(line: str) -> None:
+    """A line on stderr that does not break the progress bar."""
+    from tqdm import tqdm
+
+    tqdm.write(line, file=sys.stderr)
 
 
 def check_episodes(graph: Graph, rt: RuntimeConfig, task, names) -> None:

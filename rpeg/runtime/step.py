@@ -118,6 +118,7 @@ class Steps:
         self.updates_early = self.fused and names.values is None and self.part_advantages
         # partial rollout: generation in segments, so in-flight responses take new weights as they arrive
         self.segment = partial_segment(rt) if graph.partial_rollout else 0
+        self.updating = False  # `run`'s: whether the step under way has started an update
 
     def problems(self, step: int):
         """The step's prompts: the job's, or more of them under DAPO's dynamic sampling (`oversample`)."""
@@ -171,6 +172,18 @@ class Steps:
             yield c, first, part
             first = rows.stop
 
+    def forget(self, item: Launched) -> None:
+        """A step's generation is done with: its engine calls are not made again after a restart."""
+        for part in item.futures + ([item.greedy_futures] if item.greedy_futures else []):
+            self.roles.engines.forget(part)
+
+    def resubmit(self, item: Launched, dead: list[int]) -> int:
+        """A launched step's calls on engines `dead` (restarted since) made again: how many."""
+        if item.done is not None:
+            return 0
+        return sum(self.roles.engines.resubmit(part, dead)
+                   for part in item.futures + ([item.greedy_futures] if item.greedy_futures else []))
+
     def run(self, step: int, item: Launched) -> dict:
         """One step as the plan's tasks: each generated part is scored, batched and run through the
         inference stages (old logprobs, reference, values) as soon as it is done, while the engines
@@ -178,6 +191,7 @@ class Steps:
         batch); updates per mini-batch where it streams into training, started as soon as their
         parts are ready and no pass of the step on the trained weights is still to come."""
         names, n = self.names, self.job.samples_per_prompt
+        self.updating = False  # whether an update of this step has started (the trained weights then move)
         drawn: list[tuple[torch.Tensor, torch.Tensor, Rollout]] = []  # every sample's scores, for the metrics
         parts: list[Batch] = []
         updates: list = []
@@ -325,6 +339,7 @@ class Steps:
             if chunk.stop > len(parts):
                 break
             mini = Batch.join([parts[i] for i in chunk], self.tok.pad_token_id)
+            self.updating = True
             out.append(self.roles.start_update(mini, 1, 1, self.rt.seed * 104729 + step * 131 + b,
                                                fused=self.fused_updates))
         return out
@@ -335,6 +350,7 @@ class Steps:
         from rpeg.runtime.trainer import mean_metrics
 
         names = self.names
+        self.updating = True
         if self.part_updates:
             updates += self._start_updates(step, parts, len(updates))
             done = [self.roles.finish_update(u) for u in updates]

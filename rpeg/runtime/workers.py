@@ -171,11 +171,13 @@ class RolloutWorker(_Where):
         self.verified: tuple[int, torch.Tensor] | None = None  # the last verified sync: its version, fingerprints
 
     def generate(self, prompts, params: SamplingParams, seed: int):
+        faults.point("generate")
         out = _timed(self.engine.generate, prompts, params, seed)
         return Generated(*out.value, self.engine.version, out.span)
 
     def episodes(self, problems, spec: EnvSpec, params: SamplingParams, seed: int):
         """One multi-turn episode per problem (runtime.agent_engine): their turns batched on this engine."""
+        faults.point("generate")
         return _episodes(self.engine, self.tok, problems, spec, params, seed)
 
     def episodes_partial(self, problems, spec: EnvSpec, params: SamplingParams, seed: int, key: int = -1):
@@ -183,6 +185,7 @@ class RolloutWorker(_Where):
         (agent_engine.EpisodePool) and the engine serves one call of any step's turns; then either the
         result (every episode done) or the reference to the next turn, queued behind whatever was queued
         meanwhile (a weight update, another step's turn), as `generate_partial` does."""
+        faults.point("generate")
         if self.episode_pool is None:
             from rpeg.runtime.agent_engine import EpisodePool
 
@@ -202,6 +205,7 @@ class RolloutWorker(_Where):
         sequence done) or the reference to their next turn (`key`: their place in the pool), queued on this
         same engine behind whatever was queued meanwhile (a weight update, another step's turn).
         `Engines.wait` follows the references to the result."""
+        faults.point("generate")
         if key < 0:
             key = self.pool.add(InFlight(prompts, params, seed, segment, start=time.time()))
         state = self.pool.advance(key, self.engine)
@@ -217,6 +221,7 @@ class RolloutWorker(_Where):
     def receive_weights(self, version: int):
         """The trainer's new weights, broadcast over the weight-sync group, into the engine, checked against
         the trainer's fingerprints where the sync carries them (runtime.weights.verify): the span."""
+        faults.point("receive_weights")
         t = time.time()
         ch = self.channel
         state = ch.receive()
@@ -253,6 +258,7 @@ class TrainerWorker(_Where):
         self.channel: Channel | None = None
 
     def logprobs(self, batch: Batch):
+        faults.point("logprobs")
         return _timed(self.trainer.logprobs, batch)
 
     def values(self, batch: Batch):
@@ -262,6 +268,7 @@ class TrainerWorker(_Where):
         return _timed(self.trainer.logprobs_and_values, batch)
 
     def train(self, batch: Batch, epochs: int, mini_batches: int, seed: int):
+        faults.point("train")
         return _timed(self.trainer.train, batch, epochs, mini_batches, seed)
 
     def weight_manifest(self) -> tuple[Meta, ...]:
@@ -274,6 +281,7 @@ class TrainerWorker(_Where):
 
     def send_weights(self):
         """Every rank gathers the full weights; rank 0 broadcasts them to the engines: the span."""
+        faults.point("send_weights")
         t = time.time()
         state = self.trainer.full_state_dict(keep_device=True)
         if self.channel is not None:
@@ -281,6 +289,7 @@ class TrainerWorker(_Where):
         return Span(t, time.time())
 
     def checkpoint_state(self):
+        faults.point("checkpoint_state")
         return self.trainer.checkpoint_state()
 
     def restore(self, state) -> None:
@@ -300,6 +309,7 @@ class InferenceWorker(_Where):
                                bf16=dev is not None)
 
     def logprobs(self, batch: Batch):
+        faults.point("logprobs")
         return _timed(self.trainer.logprobs, batch)
 
 
@@ -376,6 +386,7 @@ class ColocatedWorker(_Where):
                               **on) if critic else None
 
     def generate(self, prompts, params: SamplingParams, seed: int):
+        faults.point("generate")
         if self.shares_model:
             self.engine.model.eval()
         if self.sleeps:
@@ -384,6 +395,7 @@ class ColocatedWorker(_Where):
         return Generated(*out.value, self.engine.version, out.span)
 
     def episodes(self, problems, spec: EnvSpec, params: SamplingParams, seed: int):
+        faults.point("generate")
         if self.shares_model:
             self.engine.model.eval()
         if self.sleeps:
@@ -393,6 +405,7 @@ class ColocatedWorker(_Where):
     def load_weights(self, version: int):
         """In-process: an `hf` engine sharing the trainer's model already holds its weights; an own
         copy (vllm, or a sharded trainer's: every rank gathers the shards) gets them as tensors."""
+        faults.point("load_weights")
         t = time.time()
         if self.shares_model:
             self.engine.version = version
@@ -404,6 +417,7 @@ class ColocatedWorker(_Where):
         return Span(t, time.time())
 
     def logprobs(self, batch: Batch):
+        faults.point("logprobs")
         return _timed(self.actor.logprobs, batch)
 
     def ref_logprobs(self, batch: Batch):
@@ -416,6 +430,7 @@ class ColocatedWorker(_Where):
         return _timed(self.actor.logprobs_and_values, batch)
 
     def train(self, batch: Batch, epochs: int, mini_batches: int, seed: int):
+        faults.point("train")
         if self.sleeps:
             self.engine.sleep()
         out = _timed(self.actor.train, batch, epochs, mini_batches, seed)
@@ -429,6 +444,7 @@ class ColocatedWorker(_Where):
     def train_fused(self, batch: Batch, epochs: int, mini_batches: int, seed: int):
         """Actor and critic updates in one schedule (the plan fuses them): their optimizer steps
         alternate, mini-batch by mini-batch; each model's math is what its own update computes."""
+        faults.point("train")
         from rpeg.runtime.trainer import mean_metrics
 
         def both():
@@ -447,6 +463,7 @@ class ColocatedWorker(_Where):
         return out
 
     def checkpoint_state(self):
+        faults.point("checkpoint_state")
         return self.actor.checkpoint_state()
 
     def critic_checkpoint_state(self):

@@ -18,7 +18,9 @@ from rpeg.sim.timeline import Timeline
 KIND_COLORS = {"generate": "#4c8bd6", "infer": "#6fbf5f", "train": "#e8804a", "reward": "#e8c84a",
                "compute": "#9a9a9a", "sync": "#9b6bd1", "switch": "#d65f5f",
                # inside a generation stage with episodes
-               "turn": "#8fb8ea", "tool": "#d6a04c", "environment": "#c9c9c9", "engine": "#2f5f9e"}
+               "turn": "#8fb8ea", "tool": "#d6a04c", "environment": "#c9c9c9", "engine": "#2f5f9e",
+               # a measured run's restart of its workers after a fault (runtime.run's recovery)
+               "recovery": "#b00020"}
 
 
 def chrome_trace(tl: Timeline, title: str = "rpeg") -> dict:
