@@ -8,10 +8,12 @@ so the runs end with the same weights), `--steps` steps with a checkpoint every 
   given the current weights, and its calls made again (no step lost);
 - trainer: the trainer is killed as it starts step `--checkpoint-every` + 3's update: every worker is
   restarted from the last checkpoint, and the steps since are run again;
-- stopped: the engine is stopped (SIGSTOP) as it starts step 3's generation: the driver's wait gives up at
-  the floor (`--floor` seconds) and every worker is restarted from the last checkpoint.
+- stopped: the engine is stopped (SIGSTOP) as it starts generating step `--checkpoint-every` + 1: the
+  driver's wait gives up at the floor (`--floor` seconds) and every worker is restarted from the last
+  checkpoint.
 
-Prints JSON: each run's wall time, its cost over the clean run, each restart's own time (from the fault
+Prints JSON: each run's wall time and training time (its first step's start to its end), the cost (its
+training time over the clean run's), each restart's own time (from the fault
 seen to the workers back with their weights) and the steps run again, the clean run's mean step time, and
 whether the final weights equal the clean run's bit for bit.
 
@@ -63,7 +65,11 @@ def one(name: str, fault: str, args, root: str) -> dict:
     wall = time.time() - t
     path = os.path.join(out, "recoveries.jsonl")
     rows = [json.loads(line) for line in open(path, encoding="utf-8")] if os.path.exists(path) else []
-    return {"wall_s": wall, "step_s_mean": sum(m["step_s"] for m in result.metrics) / len(result.metrics),
+    # the training itself: from the first step's first record to the last record (Ray's start, the models'
+    # loading and the first evaluation, alike in every run, left out)
+    first = min(r.start for r in result.timeline.records if r.step == 0 and r.unit != "recovery")
+    return {"wall_s": wall, "train_s": max(r.end for r in result.timeline.records) - first,
+            "step_s_mean": sum(m["step_s"] for m in result.metrics) / len(result.metrics),
             "restarts": [{k: r[k] for k in ("fault", "restart_s", "steps_lost") if k in r} | {
                 "kind": "engines alone" if "engines" in r else "every worker, from the last checkpoint"}
                 for r in rows],
@@ -78,7 +84,7 @@ def main() -> None:
     args = ap.parse_args()
     # generate calls of the engine: the first evaluation's 2, then one a step; train calls: one a step
     runs = {"clean": "", "engine": "die:generate:5", "trainer": f"die:train:{args.checkpoint_every + 3}",
-            "stopped": "stop:generate:5"}
+            "stopped": f"stop:generate:{args.checkpoint_every + 3}"}
     root = tempfile.mkdtemp(prefix="rpeg-recovery-")
     try:
         got = {name: one(name, fault, args, root) for name, fault in runs.items()}
@@ -87,12 +93,13 @@ def main() -> None:
     clean = got["clean"]
     out = {"job": f"grpo tiny, split plan (1 engine + 1 trainer), {args.steps} steps, checkpoint every "
                   f"{args.checkpoint_every}, wait floor {args.floor:g} s",
-           "clean_wall_s": round(clean["wall_s"], 2), "clean_step_s": round(clean["step_s_mean"], 3)}
+           "clean_wall_s": round(clean["wall_s"], 2), "clean_train_s": round(clean["train_s"], 2),
+           "clean_step_s": round(clean["step_s_mean"], 3)}
     for name in ("engine", "trainer", "stopped"):
         r = got[name]
-        out[name] = {"fault": runs[name], "wall_s": round(r["wall_s"], 2),
-                     "cost_s": round(r["wall_s"] - clean["wall_s"], 2),
-                     "cost_in_steps": round((r["wall_s"] - clean["wall_s"]) / clean["step_s_mean"], 1),
+        out[name] = {"fault": runs[name], "wall_s": round(r["wall_s"], 2), "train_s": round(r["train_s"], 2),
+                     "cost_s": round(r["train_s"] - clean["train_s"], 2),
+                     "cost_in_steps": round((r["train_s"] - clean["train_s"]) / clean["step_s_mean"], 1),
                      "restarts": [{k: round(v, 2) if isinstance(v, float) else v for k, v in x.items()}
                                   for x in r["restarts"]],
                      "same_weights_as_clean": all(torch.equal(r["weights"][k], clean["weights"][k])

@@ -547,6 +547,10 @@ def describe_fault(err: BaseException, labels: dict) -> str:
     """One line: which worker (by `labels`, actor id -> what it is) did what."""
     import ray
 
+    from rpeg.runtime.waits import WorkerTimeout
+
+    if isinstance(err, WorkerTimeout):
+        return err.detail
     if isinstance(err, ray.exceptions.RayActorError):
         who = labels.get(err.actor_id or "", "a worker")
         return f"{who} died ({type(err).__name__}: its process exited or was killed)"

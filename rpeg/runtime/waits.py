@@ -26,7 +26,12 @@ POLL_S = 1.0  # how often a wait looks for a worker that died while the others s
 
 
 class WorkerTimeout(RpegError):
-    """A wait on the workers that outlasted its bound: the message names where, what and which ranks."""
+    """A wait on the workers that outlasted its bound: the message names where, what and which ranks;
+    `detail` is the message after where."""
+
+    def __init__(self, message: str, detail: str = ""):
+        super().__init__(message)
+        self.detail = detail or message
 
 
 class BoundedRay:
@@ -56,10 +61,10 @@ class BoundedRay:
             left = deadline - time.monotonic()
             if left <= 0:
                 late = [i for i, r in enumerate(flat) if r not in got]
-                raise WorkerTimeout(
-                    f"{self.where}: {what} gave no answer within {bound:.0f} s (still waiting on {len(late)} of "
-                    f"{len(flat)}: rank(s) {', '.join(map(str, late))}); the bound is runtime.wait_timeout_factor x "
-                    "the predicted step time, at least runtime.wait_timeout_s") from None
+                detail = (f"{what} gave no answer within {bound:.0f} s (still waiting on {len(late)} of {len(flat)}: "
+                          f"rank(s) {', '.join(map(str, late))}); the bound is runtime.wait_timeout_factor x the "
+                          "predicted step time, at least runtime.wait_timeout_s")
+                raise WorkerTimeout(f"{self.where}: {detail}", detail) from None
             ready, todo = self._ray.wait(todo, num_returns=len(todo), timeout=min(left, POLL_S))
             # a dead or failed worker's result raises here, while the others may still be running
             got.update(zip(ready, self._ray.get(ready)))
