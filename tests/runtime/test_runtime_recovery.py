@@ -15,7 +15,7 @@ import torch
 
 from rpeg.algorithms import Models, build_graph
 from rpeg.errors import RpegError
-from rpeg.passes import place
+from rpeg.passes import bound_asynchrony, colocate, place
 from rpeg.runtime import faults
 from tests.runtime.test_runtime_e2e import TINY, colocated_plan, job, laid_out, rt, split_async_plan, weights
 
@@ -30,7 +30,13 @@ def split_sync_plan():
     return laid_out(place(g, {"gen": 1, "train": 1}, {"generate": "gen"}, default="train"))
 
 
-PLANS = {"colocated": colocated_plan, "split": split_sync_plan, "split-k1": split_async_plan}
+def colocated_async_plan():
+    """GRPO with every role in one worker, one step ahead (k = 1)."""
+    return laid_out(colocate(bound_asynchrony(build_graph("grpo", job(), Models(actor=TINY), kl_coef=0.0), 1), 1))
+
+
+PLANS = {"colocated": colocated_plan, "split": split_sync_plan, "split-k1": split_async_plan,
+         "colocated-k1": colocated_async_plan}
 
 
 def _run(tmp_path, plan: str, monkeypatch, fault: str = "", **kw):
@@ -102,12 +108,17 @@ def test_a_synchronous_run_survives_a_fault_with_the_weights_of_an_uninterrupted
     assert all(torch.equal(got[k], want[k]) for k in want), [k for k in want if not torch.equal(got[k], want[k])]
 
 
-@pytest.mark.parametrize("fault", ["die:train:2", "die:generate:5", "stop:generate:5"])
-def test_a_bounded_asynchronous_run_survives_a_fault_within_its_staleness_contract(tmp_path, monkeypatch, fault):
+ASYNC = [("split-k1", "die:train:3"), ("split-k1", "die:generate:5"), ("split-k1", "stop:generate:5"),
+         ("colocated-k1", "die:train:3"), ("colocated-k1", "stop:generate:6")]
+
+
+@pytest.mark.parametrize("plan,fault", ASYNC, ids=[f"{p}-{f}" for p, f in ASYNC])
+def test_a_bounded_asynchronous_run_survives_a_fault_within_its_staleness_contract(tmp_path, monkeypatch, plan,
+                                                                                      fault):
     """k = 1: an engine that dies while it generates the next step is seen at the weight sync (every engine
     is restarted with the new weights, the next step's calls made again); a trainer's death restarts the
     run from its checkpoint with the generations it held in flight. Every sample stays 0 or 1 behind."""
-    result = _run(tmp_path, "split-k1", monkeypatch, fault)
+    result = _run(tmp_path, plan, monkeypatch, fault)
     assert faults.fired() == 1
     assert len(_recoveries(result)) == 1
     _recorded_once(result)
