@@ -99,5 +99,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if w.get("target"):
         print(f"supervised warm-up: {w['steps']} steps, sampled dev accuracy {w['dev_accuracy']:.3f} "
               f"(target {w['target']}{'' if w['reached'] else ', not reached'})")
+    if result.recoveries:
+        lost = sum(r["steps_lost"] for r in result.recoveries)
+        print(f"recovered from {len(result.recoveries)} worker fault(s) by itself, "
+              f"{sum(r['restart_s'] for r in result.recoveries):.1f} s of restarts, {lost} step(s) run again "
+              f"({os.path.relpath(os.path.join(result.out, 'recoveries.jsonl'))})")
     print("wrote " + ", ".join(os.path.relpath(f) for f in result.files))
     return 0

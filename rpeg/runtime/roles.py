@@ -347,7 +347,17 @@ class Roles:
         if not isinstance(ray, BoundedRay):
             ray = BoundedRay(ray, 0.0, rt.wait_timeout_s, rt.startup_timeout_s)
         names = names or step_stages(graph)
-        roles = cls._build(graph, names, rt, model_path, ray, attempt)
+        place = Placement(ray, graph, {"CPU": 1, "GPU": 1} if rt.device == "cuda" else None)
+        try:
+            return cls._with_scorers(cls._build(graph, names, rt, model_path, ray, place, attempt), graph, names, rt,
+                                     ray, reward_path)
+        except BaseException:  # a worker that failed to start: the devices back (Ray kills what they held)
+            place.close()
+            raise
+
+    @classmethod
+    def _with_scorers(cls, roles: Roles, graph: Graph, names: StepStages, rt: RuntimeConfig, ray,
+                      reward_path: str) -> Roles:
         reward = graph.stage(names.reward)
         if reward.model is not None:  # a reward model: one scorer per device of its stage
             from rpeg.runtime import workers as W
@@ -402,7 +412,7 @@ class Roles:
         self.close()
 
     @classmethod
-    def _build(cls, graph: Graph, names: StepStages, rt: RuntimeConfig, model_path: str, ray,
+    def _build(cls, graph: Graph, names: StepStages, rt: RuntimeConfig, model_path: str, ray, place: Placement,
                attempt: int = 0) -> Roles:
         from rpeg.runtime import workers as W
 
@@ -414,7 +424,6 @@ class Roles:
         optim, ref_optim, critic_optim = optim_configs(graph, names, rt)
         cores = os.cpu_count() or 2
         gpu = rt.device == "cuda"
-        place = Placement(ray, graph, {"CPU": 1, "GPU": 1} if gpu else None)
         dev = {"device": rt.device}
 
         def remote(klass, device: int):  # on its plan device's bundle; threads are ours, not Ray's CPU count

@@ -55,6 +55,7 @@ class RunResult:
     out: str
     files: list[str] = field(default_factory=list)
     warmup: dict = field(default_factory=dict)  # what the supervised warm-up did (sft.WarmupResult.as_dict)
+    recoveries: list[dict] = field(default_factory=list)  # each restart after a worker's fault (recoveries.jsonl)
 
 
 class _Ray:
@@ -302,7 +303,7 @@ class _Runner:
             summary["recoveries"] = self.recoveries
         summary |= self._beside_prediction(timeline, about.get("prediction"))
         files = write_outputs(rt.out, metrics, timeline, acc_before, acc_after, summary) + [self.save_model()]
-        return RunResult(metrics, timeline, acc_before, acc_after, rt.out, files, about["warmup"])
+        return RunResult(metrics, timeline, acc_before, acc_after, rt.out, files, about["warmup"], self.recoveries)
 
     def _attempt(self, state: dict | None, bar: ProgressBar) -> tuple[list, dict]:
         """The run from `state` (a checkpoint's; None: from the start) on the workers as they are now: the

@@ -174,3 +174,20 @@ def test_a_tracker_keeps_each_step_once_when_steps_run_again(tmp_path, monkeypat
     acc = EventAccumulator(os.path.join(result.out, "tensorboard"))
     acc.Reload()
     assert [e.step for e in acc.Scalars("train/reward")] == list(range(1, STEPS + 1))
+
+
+def test_rpeg_train_names_the_fault_and_says_what_the_recovery_cost(tmp_path):
+    """`rpeg train` as a user runs it: the fault's line on stderr, and the recovery in its last lines."""
+    import subprocess
+    import sys
+
+    from tests.runtime.test_runtime_kill_resume import JOB
+
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB.replace("steps: 14", "steps: 4").replace("checkpoint_every: 5", "checkpoint_every: 2"))
+    env = os.environ | {"RPEG_FAULTS": "die:train:3", "RPEG_FAULTS_DIR": str(tmp_path / "fired")}
+    done = subprocess.run([sys.executable, "-m", "rpeg", "train", str(job), "--out", str(tmp_path / "run"),
+                           "--no-progress"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "rpeg: step 3: colocated worker 0" in done.stderr and "from the checkpoint of step 2" in done.stderr
+    assert "recovered from 1 worker fault(s) by itself" in done.stdout and "0 step(s) run again" in done.stdout
