@@ -440,8 +440,9 @@ class _Runner:
         # metrics.jsonl holds exactly the steps the run goes on from (as --resume leaves it)
         write_jsonl(os.path.join(rt.out, "metrics.jsonl"), state["metrics"] if state else [])
         bar.back_to(frm)
+        # the steps done since the checkpoint, run again (a fault in the last evaluation: none past the last)
         row = {"restart": n, "fault": what, "step": self.step + 1, "from_step": frm,
-               "steps_lost": self.step - frm, "restart_s": 0.0}
+               "steps_lost": max(0, self.step - frm), "restart_s": 0.0}
         self.recoveries.append(row)
         self._restarting = (row, t)
         return state
