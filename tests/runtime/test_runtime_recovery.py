@@ -17,7 +17,7 @@ from rpeg.algorithms import Models, build_graph
 from rpeg.errors import RpegError
 from rpeg.passes import bound_asynchrony, colocate, place
 from rpeg.runtime import faults
-from tests.runtime.test_runtime_e2e import TINY, colocated_plan, job, laid_out, rt, split_async_plan, weights
+from tests.runtime.test_runtime_e2e import TINY, colocated_plan, job, laid_out, lay, rt, split_async_plan, weights
 
 pytestmark = pytest.mark.long  # end-to-end runs: the second tier (`make test-long`), not `make test`
 
@@ -35,8 +35,27 @@ def colocated_async_plan():
     return laid_out(colocate(bound_asynchrony(build_graph("grpo", job(), Models(actor=TINY), kl_coef=0.0), 1), 1))
 
 
+def colocated_two_plan():
+    """The hybrid engine on two devices: each process an FSDP2 rank (ZeRO-3) and an engine of its own."""
+    g = colocate(build_graph("grpo", job(), Models(actor=TINY), kl_coef=0.0), 2)
+    for s in g.stages:
+        if s.model and s.kind.value != "sync":
+            g = lay(g, s.name, dp=2, **({"zero": 3} if s.name in ("actor_update", "actor_logprobs") else {}))
+    return g
+
+
+def split_two_engines_plan():
+    """Two engines on devices 0 and 1, the trainer on device 2, on-policy."""
+    g = build_graph("grpo", job(), Models(actor=TINY), kl_coef=0.0)
+    g = place(g, {"gen": 2, "train": 1}, {"generate": "gen"}, default="train")
+    for s in g.stages:
+        if s.model and s.kind.value != "sync":
+            g = lay(g, s.name, dp=2 if s.name == "generate" else 1)
+    return g
+
+
 PLANS = {"colocated": colocated_plan, "split": split_sync_plan, "split-k1": split_async_plan,
-         "colocated-k1": colocated_async_plan}
+         "colocated-k1": colocated_async_plan, "colocated-2": colocated_two_plan, "split-2": split_two_engines_plan}
 
 
 def _run(tmp_path, plan: str, monkeypatch, fault: str = "", **kw):
@@ -191,3 +210,23 @@ def test_rpeg_train_names_the_fault_and_says_what_the_recovery_cost(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "rpeg: step 3: colocated worker 0" in done.stderr and "from the checkpoint of step 2" in done.stderr
     assert "recovered from 1 worker fault(s) by itself" in done.stdout and "0 step(s) run again" in done.stdout
+
+
+WIDE = [("colocated-2", "die:train:3", "colocated worker"),  # one FSDP rank dies; the other blocks in its gather
+        ("split-2", "die:generate:4", "engine")]  # one of two engines: it alone is restarted
+
+
+@pytest.mark.parametrize("plan,fault,named", WIDE, ids=[f"{c[0]}-{c[1]}" for c in WIDE])
+def test_a_plan_on_more_devices_survives_a_fault_bit_for_bit(tmp_path, monkeypatch, plan, fault, named):
+    """A rank of a 2-rank FSDP group dies mid update: the wait ends at once (the other rank would block in
+    its all-gather) and the group forms again on new ports. One of two engines dies: the other keeps its
+    calls. Both end with the weights of the uninterrupted run."""
+    result = _run(tmp_path / "fault", plan, monkeypatch, fault)
+    rows = _recoveries(result)
+    assert faults.fired() == 1 and len(rows) == 1 and named in rows[0]["fault"], rows
+    if plan == "split-2":
+        assert len(rows[0]["engines"]) == 1 and rows[0]["calls_again"] == 1, rows
+    _recorded_once(result)
+    clean = _run(tmp_path / "clean", plan, monkeypatch)
+    got, want = weights(result.out), weights(clean.out)
+    assert all(torch.equal(got[k], want[k]) for k in want)
