@@ -7,6 +7,7 @@
     reward: rule             # or a model (preset name or mapping); default rule
     critic: qwen3-8B         # PPO only; default: the actor's architecture
     reference: qwen3-8B      # default: the actor's architecture
+    lora: {rank: 32, alpha: 64}  # train low-rank adapters, the weights frozen (rpeg/graph/lora.py); default: none
     job: {prompts: 64, samples_per_prompt: 8, prompt_len: 512,
           response: {kind: lognormal, mean: 2000, max: 8192}, ppo_epochs: 1, mini_batches: 4}
     config: {kl_coef: 0.0}   # overrides of the algorithm's defaults (`rpeg algorithms` lists them),
@@ -30,11 +31,13 @@ from rpeg.algorithms import Models, build_graph, get_algorithm
 from rpeg.errors import RpegError
 from rpeg.graph import Graph, Job, ModelSpec, get_model
 from rpeg.graph.bounds import MAX_GPUS, show
+from rpeg.graph.lora import LoRA
 from rpeg.graph.serde import from_data, read_yaml_file
 from rpeg.hardware import Cluster, load_cluster
 from rpeg.passes import PassPipeline
 
-KEYS = ("algorithm", "model", "reward", "critic", "reference", "job", "config", "passes", "cluster", "gpus", "runtime")
+KEYS = ("algorithm", "model", "reward", "critic", "reference", "lora", "job", "config", "passes", "cluster", "gpus",
+        "runtime")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +120,7 @@ def spec_from_data(data: Any, source: str = "job") -> JobSpec:
         reference=model_from(data["reference"], f"{source}: reference", base) if data.get("reference") is not None
         else None,
         reward=None if reward in (None, "rule") else model_from(reward, f"{source}: reward", base),
+        lora=None if data.get("lora") is None else from_data(LoRA, data["lora"], "lora"),
     )
     job = from_data(Job, {} if data.get("job") is None else data["job"], "job")
     config = {} if data.get("config") is None else data["config"]
@@ -172,6 +176,8 @@ def spec_data(spec: JobSpec, passes: list | None = None, cluster: str | None = N
         m = getattr(spec.models, role)
         if m is not None:
             data[role] = model(m)
+    if spec.models.lora is not None:
+        data["lora"] = to_data(spec.models.lora)
     data["job"] = to_data(spec.job)
     if spec.config:
         data["config"] = dict(spec.config)

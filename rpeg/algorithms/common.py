@@ -12,6 +12,7 @@ from rpeg.errors import RpegError
 from rpeg.graph.config import AlgoConfig
 from rpeg.graph.graph import Graph
 from rpeg.graph.job import Job
+from rpeg.graph.lora import LoRA
 from rpeg.graph.model import ModelSpec
 from rpeg.graph.nodes import Field, Granularity, Kind, ModelRole, Stage
 from rpeg.graph.verify import verify
@@ -42,6 +43,7 @@ class Models:
     critic: ModelSpec | None = None
     reference: ModelSpec | None = None
     reward: ModelSpec | None = None
+    lora: LoRA | None = None  # the actor (and with lora.critic the critic) trains adapters (rpeg/graph/lora.py)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,9 +64,16 @@ def assemble(algorithm: str, job: Job, models: Models, config: AlgoConfig, recip
                         f"got {job.samples_per_prompt}")
     if recipe.dynamic_sampling and config.oversample <= 1:
         raise RpegError(f"{algorithm}: dynamic sampling needs oversample > 1, got {config.oversample}")
-    roles = [ModelRole(name="actor", spec=models.actor, trainable=True)]
+    lora = models.lora
+    if lora is not None:
+        lora.check(models.actor)
+    roles = [ModelRole(name="actor", spec=models.actor, trainable=True, lora=lora)]
     if recipe.critic:
-        roles.append(ModelRole(name="critic", spec=models.critic or models.actor, trainable=True, heads=("value",)))
+        critic_lora = lora if lora is not None and lora.critic else None
+        if critic_lora is not None:
+            critic_lora.check(models.critic or models.actor)
+        roles.append(ModelRole(name="critic", spec=models.critic or models.actor, trainable=True, heads=("value",),
+                               lora=critic_lora))
     if config.uses_reference:
         roles.append(ModelRole(name="ref", spec=models.reference or models.actor, trainable=False))
     if models.reward is not None:

@@ -158,6 +158,8 @@ def header(graph, spec) -> str:
                  f"{1 + cfg.clip_high:g}], KL {kl}" + (f", oversample {cfg.oversample:g}" if cfg.oversample > 1 else "")
                  + "".join(f", {x}" for x in cfg.loss_notes()))
     lines.append(f"async bound k = {graph.async_bound}")
+    if spec.models.lora is not None:
+        lines.append(f"lora:   {spec.models.lora.describe()}")
     lines += model_lines(spec.models)
     lines.append("passes:\n" + "\n".join("  " + line for line in str(spec.passes).splitlines()))
     return "\n".join(lines)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rpeg.graph.layout import ParallelLayout
+from rpeg.graph.lora import LoRA
 from rpeg.graph.model import ModelSpec
 
 DTYPE_BYTES = {"bool": 1, "int8": 1, "bf16": 2, "fp16": 2, "int32": 4, "fp32": 4, "int64": 8}
@@ -60,12 +61,14 @@ class Field:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelRole:
     """A model in the pipeline: `actor`, `critic`, `ref`, `reward`. `heads` names the outputs on
-    top of the trunk: `lm` (next-token logits), `value` (per-token value), `score` (reward)."""
+    top of the trunk: `lm` (next-token logits), `value` (per-token value), `score` (reward). `lora`: a
+    trained model that learns low-rank adapters, its weights frozen (rpeg/graph/lora.py)."""
 
     name: str
     spec: ModelSpec
     trainable: bool
     heads: tuple[str, ...] = ("lm",)
+    lora: LoRA | None = None
 
     def replace(self, **changes) -> ModelRole:
         return dataclasses.replace(self, **changes)

@@ -15,6 +15,7 @@ parallelism the elementwise work is split too; expert parallelism splits the exp
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from rpeg.graph.model import ModelSpec
@@ -33,17 +34,20 @@ class LayerTime:
     elementwise_s: float
     flops: float  # on this device
     bytes: float  # HBM traffic on this device
+    gemm_flops: float = 0.0  # the weights' GEMMs' share of `flops` (what a backward's weight gradients repeat)
 
     @property
     def seconds(self) -> float:
         return self.gemm_s + self.attention_s + self.elementwise_s
 
     def scaled(self, k: float) -> LayerTime:
-        return LayerTime(self.gemm_s * k, self.attention_s * k, self.elementwise_s * k, self.flops * k, self.bytes * k)
+        return LayerTime(self.gemm_s * k, self.attention_s * k, self.elementwise_s * k, self.flops * k, self.bytes * k,
+                         self.gemm_flops * k)
 
     def __add__(self, o: LayerTime) -> LayerTime:
         return LayerTime(self.gemm_s + o.gemm_s, self.attention_s + o.attention_s,
-                         self.elementwise_s + o.elementwise_s, self.flops + o.flops, self.bytes + o.bytes)
+                         self.elementwise_s + o.elementwise_s, self.flops + o.flops, self.bytes + o.bytes,
+                         self.gemm_flops + o.gemm_flops)
 
 
 # The attention core's precision under an FP8 recipe: Transformer Engine quantizes the linear layers' GEMMs
@@ -159,8 +163,8 @@ def layer_forward(spec: ModelSpec, device: Device, *, tokens: float, context: fl
     elementwise_s = elem_bytes / bw
     flops, traffic = gemm_flops + attn_flops, weight_bytes + act_bytes + kv_bytes + score_bytes + elem_bytes
     if device.layer_token_s > 0:
-        return _eager(device, tokens, flops, traffic, gemm_rate, bw)
-    return LayerTime(gemm_s, attention_s, elementwise_s, flops, traffic)
+        return dataclasses.replace(_eager(device, tokens, flops, traffic, gemm_rate, bw), gemm_flops=gemm_flops)
+    return LayerTime(gemm_s, attention_s, elementwise_s, flops, traffic, gemm_flops)
 
 
 def _eager(device: Device, tokens: float, flops: float, traffic: float, rate: float, bw: float) -> LayerTime:
@@ -188,12 +192,14 @@ def head_forward(spec: ModelSpec, device: Device, *, tokens: float, tp: int = 1,
     if value_head:
         _, _, bw = _rates(device, dtype, decode)
         traffic = BF16 * (tokens * spec.hidden / tp + spec.hidden)
-        return LayerTime(0.0, 0.0, traffic / bw, 2.0 * tokens * spec.hidden / tp, traffic)
+        flops = 2.0 * tokens * spec.hidden / tp
+        return LayerTime(0.0, 0.0, traffic / bw, flops, traffic, flops)
     gemm_rate, _, bw = _rates(device, dtype, decode)
     flops = 2.0 * tokens * spec.vocab * spec.hidden / tp
     weight_bytes = BF16 * spec.vocab * spec.hidden / tp
     logits_bytes = 4 * tokens * spec.vocab / tp * 2  # fp32 logits written and read by the log-softmax
     if device.layer_token_s > 0:
-        return _eager(device, tokens, flops, weight_bytes + logits_bytes, gemm_rate, bw)
+        return dataclasses.replace(_eager(device, tokens, flops, weight_bytes + logits_bytes, gemm_rate, bw),
+                                   gemm_flops=flops)
     gemm_s = max(flops / gemm_rate, (weight_bytes + BF16 * tokens * spec.hidden) / bw)
-    return LayerTime(gemm_s, 0.0, logits_bytes / bw, flops, weight_bytes + logits_bytes)
+    return LayerTime(gemm_s, 0.0, logits_bytes / bw, flops, weight_bytes + logits_bytes, flops)

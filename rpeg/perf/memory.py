@@ -41,6 +41,7 @@ from dataclasses import dataclass, fields
 
 from rpeg.errors import RpegError
 from rpeg.graph.layout import ParallelLayout
+from rpeg.graph.lora import LoRA
 from rpeg.graph.model import ModelSpec
 from rpeg.perf import recipe_options
 from rpeg.perf.logits import logits_bytes
@@ -313,18 +314,31 @@ def _chunks_in_flight(pp: int, v: int, rank: int, microbatches: int | None) -> f
     return float(min(held, microbatches)) if microbatches else float(held)
 
 
-def _zero3_working_set(spec: ModelSpec, layout: ParallelLayout, stage: int, grad_bytes: float) -> float:
+def adapter_params_per_device(spec: ModelSpec, layout: ParallelLayout, lora: LoRA, stage: int = 0) -> float:
+    """The LoRA adapters one device of pipeline `stage` holds: its layers' (rpeg/graph/lora.py), split over
+    the tensor-parallel ranks as the layers they sit on are (a lower bound: Megatron keeps one of each pair,
+    A or B, whole on every rank)."""
+    layers = stage_layers(spec, layout.pp, embedding_loss_slots=layout.pp_embedding_loss_slots)[stage]
+    return sum(lora.layer_params(spec, i) for i in layers) / layout.tp
+
+
+def _zero3_working_set(spec: ModelSpec, layout: ParallelLayout, stage: int, grad_bytes: float,
+                       lora: LoRA | None = None) -> float:
+    """ZeRO-3's gathered layers, and the gradients of the layer being reduced (with LoRA: its adapters')."""
     layers = stage_layers(spec, layout.pp, embedding_loss_slots=layout.pp_embedding_loss_slots)[stage]
     if layout.zero != 3 or not layers:
         return 0.0
     ep = layout.ep if spec.is_moe else 1
     biggest = max(_layer_device_params(spec, i, layout.tp, ep).total for i in layers)
+    if lora is not None:
+        return biggest * ZERO3_GATHERED_LAYERS * BF16_BYTES + max(
+            lora.layer_params(spec, i) for i in layers) / layout.tp * grad_bytes
     return biggest * (ZERO3_GATHERED_LAYERS * BF16_BYTES + grad_bytes)
 
 
 # ---- training and inference ---------------------------------------------------------------------
 def _state_bytes(spec: ModelSpec, layout: ParallelLayout, stage: int, grad_dtype_bytes: float, value_head: bool,
-                 host: float, groups: tuple[int, int]) -> tuple[float, float, float]:
+                 host: float, groups: tuple[int, int], lora: LoRA | None = None) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes one device of pipeline `stage` keeps while it trains.
 
     `host`: the fraction of the optimizer state kept in host memory (ParallelLayout.offload_optimizer).
@@ -332,9 +346,20 @@ def _state_bytes(spec: ModelSpec, layout: ParallelLayout, stage: int, grad_dtype
     copies each reduced bucket to pinned host memory: the reduce bucket is the device's working set, as
     without offload); with ZeRO-0/1 the full gradient buffer stays (Megatron's HybridDeviceOptimizer copies
     the gradients of its host part out of the buffer it keeps). `offload_params`: the weight and gradient
-    shards live on the host too; what stays is the layers being gathered (`_zero3_working_set`)."""
+    shards live on the host too; what stays is the layers being gathered (`_zero3_working_set`).
+
+    `lora`: the weights frozen in bf16, sharded as the layout says; gradients and optimizer state only for
+    the adapters (`adapter_params_per_device`), which sit beside the weights in bf16 and shard alike."""
     p = device_params(spec, layout, stage=stage, value_head=value_head)
     sharded = _sharded(p, groups)
+    if lora is not None:
+        a = adapter_params_per_device(spec, layout, lora, stage)
+        a_sharded = a / groups[0]
+        weights = ((sharded if layout.zero == 3 else p.total) + (a_sharded if layout.zero == 3 else a)) * BF16_BYTES
+        grads = (a_sharded if layout.zero >= 2 else a) * grad_dtype_bytes * ((1.0 - host) if layout.zero >= 2 else 1)
+        optimizer = (a_sharded if layout.zero >= 1 else a) * recipe_options.optimizer_bytes_per_param(layout) * (
+            1.0 - host)
+        return (0.0, 0.0, optimizer) if layout.offload_params else (weights, grads, optimizer)
     weights = (sharded if layout.zero == 3 else p.total) * BF16_BYTES
     grads = (sharded if layout.zero >= 2 else p.total) * grad_dtype_bytes
     optimizer = (sharded if layout.zero >= 1 else p.total) * recipe_options.optimizer_bytes_per_param(layout) * (
@@ -347,13 +372,13 @@ def _state_bytes(spec: ModelSpec, layout: ParallelLayout, stage: int, grad_dtype
 
 
 def trainer_state_bytes(spec: ModelSpec, layout: ParallelLayout, *, grad_dtype_bytes: float = 4,
-                        value_head: bool = False) -> dict[str, float]:
+                        value_head: bool = False, lora: LoRA | None = None) -> dict[str, float]:
     """What a trainer keeps on one device between its steps, on its fullest pipeline stage, by
     part (`weights`, `gradients`, `optimizer`): what a colocated engine's phase finds there unless
     it is moved out (ParallelLayout.resident)."""
     groups = data_parallel_groups(spec, layout)
     grad_dtype_bytes = recipe_options.grad_bytes(layout, grad_dtype_bytes)
-    stages = [_state_bytes(spec, layout, s, grad_dtype_bytes, value_head, layout.offload_optimizer, groups)
+    stages = [_state_bytes(spec, layout, s, grad_dtype_bytes, value_head, layout.offload_optimizer, groups, lora)
               for s in range(layout.pp)]
     w, g, o = max(stages, key=sum)
     return {"weights": w, "gradients": g, "optimizer": o}
@@ -363,7 +388,7 @@ def training_memory_stages(spec: ModelSpec, layout: ParallelLayout, *, seq_len: 
                            microbatches_in_flight: int | None = None, flash_attention: bool = True,
                            offload_optimizer: bool = False, grad_dtype_bytes: float = 4,
                            value_head: bool = False, dropout: bool = False,
-                           dtype: str = "bf16") -> list[MemoryBreakdown]:
+                           dtype: str = "bf16", lora: LoRA | None = None) -> list[MemoryBreakdown]:
     """`training_memory` for every pipeline stage, first to last."""
     tp, pp, sp, cp = layout.tp, layout.pp, layout.sequence_parallel, layout.cp
     groups = data_parallel_groups(spec, layout)
@@ -373,7 +398,7 @@ def training_memory_stages(spec: ModelSpec, layout: ParallelLayout, *, seq_len: 
     out = []
     grad_bytes = recipe_options.grad_bytes(layout, grad_dtype_bytes)
     for s, layers in enumerate(stage_layers(spec, pp, embedding_loss_slots=layout.pp_embedding_loss_slots)):
-        weights, grads, optimizer = _state_bytes(spec, layout, s, grad_bytes, value_head, host, groups)
+        weights, grads, optimizer = _state_bytes(spec, layout, s, grad_bytes, value_head, host, groups, lora)
         per_mb, working = _stage_activation_bytes(spec, layout, layers, tokens, act_kw)
         in_flight = _chunks_in_flight(pp, layout.pp_interleave, s, microbatches_in_flight)
         acts = in_flight * per_mb + working
@@ -384,10 +409,10 @@ def training_memory_stages(spec: ModelSpec, layout: ParallelLayout, *, seq_len: 
             acts += head_activation_bytes(spec, seq_len=seq_len, micro_batch=micro_batch, tp=tp,
                                           sequence_parallel=sp, cp=cp)
             logits = logits_bytes(spec, tokens=tokens, tp=tp, path=layout.logits, train=True, value_head=value_head)
-        buffers = BUFFER_BYTES + _zero3_working_set(spec, layout, s, grad_bytes)
+        buffers = BUFFER_BYTES + _zero3_working_set(spec, layout, s, grad_bytes, lora)
         peak = MemoryBreakdown(weights=weights, gradients=grads, optimizer=optimizer, activations=acts,
                                logits=logits, buffers=buffers)
-        out.append(max(peak, _optimizer_step_phase(spec, layout, s, peak, host, groups, value_head),
+        out.append(max(peak, _optimizer_step_phase(spec, layout, s, peak, host, groups, value_head, lora),
                        key=lambda m: m.total))
     return out
 
@@ -420,15 +445,20 @@ def _stage_activation_bytes(spec: ModelSpec, layout: ParallelLayout, layers: ran
 
 
 def _optimizer_step_phase(spec: ModelSpec, layout: ParallelLayout, stage: int, peak: MemoryBreakdown,
-                          host: float, groups: tuple[int, int], value_head: bool) -> MemoryBreakdown:
+                          host: float, groups: tuple[int, int], value_head: bool,
+                          lora: LoRA | None = None) -> MemoryBreakdown:
     """The device during the optimizer step: activations freed, and with a bf16 gradient buffer the
     distributed optimizer's fp32 copy of its shard's gradients (recipe_options.step_grad_copy_bytes_per_param)
     next to the buffer."""
     extra = recipe_options.step_grad_copy_bytes_per_param(layout)
     if not extra:
         return peak
-    p = device_params(spec, layout, stage=stage, value_head=value_head)
-    owned = _sharded(p, groups) if layout.zero >= 1 else p.total
+    if lora is not None:  # the adapters' gradients only
+        a = adapter_params_per_device(spec, layout, lora, stage)
+        owned = a / groups[0] if layout.zero >= 1 else a
+    else:
+        p = device_params(spec, layout, stage=stage, value_head=value_head)
+        owned = _sharded(p, groups) if layout.zero >= 1 else p.total
     return MemoryBreakdown(weights=peak.weights, gradients=peak.gradients + extra * owned * (1.0 - host),
                            optimizer=peak.optimizer, buffers=peak.buffers)
 
@@ -436,7 +466,7 @@ def _optimizer_step_phase(spec: ModelSpec, layout: ParallelLayout, stage: int, p
 def training_memory(spec: ModelSpec, layout: ParallelLayout, *, seq_len: float, micro_batch: float,
                     microbatches_in_flight: int | None = None, flash_attention: bool = True,
                     offload_optimizer: bool = False, grad_dtype_bytes: float = 4, value_head: bool = False,
-                    dropout: bool = False, dtype: str = "bf16") -> MemoryBreakdown:
+                    dropout: bool = False, dtype: str = "bf16", lora: LoRA | None = None) -> MemoryBreakdown:
     """Peak memory of one device in a training step, on the fullest pipeline stage.
 
     weights bf16; gradients `grad_dtype_bytes` per parameter (a bf16 layout's grad_dtype: 2); optimizer
@@ -452,13 +482,16 @@ def training_memory(spec: ModelSpec, layout: ParallelLayout, *, seq_len: float, 
     (fp8: the linear layers' saved inputs in FP8). The Megatron-Core recipe options of the layout
     (recompute_modules, recompute_layers, offload_activation_layers, grad_dtype, optimizer_moments):
     rpeg/perf/recipe_options.py; with a bf16 gradient buffer the optimizer step's own peak (its fp32
-    gradient copy, activations freed) is the peak when it is larger.
+    gradient copy, activations freed) is the peak when it is larger. `lora`: gradients and optimizer state
+    of the adapters alone (`_state_bytes`); the activations as without (an upper bound: a targeted layer's
+    adapter A keeps the input a trained layer keeps, a frozen layer without one need not; the adapters'
+    r-wide products are left out, under 1% of a layer's at r <= 64).
     """
     stages = training_memory_stages(spec, layout, seq_len=seq_len, micro_batch=micro_batch,
                                     microbatches_in_flight=microbatches_in_flight,
                                     flash_attention=flash_attention, offload_optimizer=offload_optimizer,
                                     grad_dtype_bytes=grad_dtype_bytes, value_head=value_head, dropout=dropout,
-                                    dtype=dtype)
+                                    dtype=dtype, lora=lora)
     return max(stages, key=lambda m: m.total)
 
 

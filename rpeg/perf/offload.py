@@ -131,14 +131,15 @@ def param_fetch_bytes(spec: ModelSpec, layout: ParallelLayout, *, value_head: bo
     return (p.dense / dense + p.expert / expert) * BF16
 
 
-def switched_state_parts(spec: ModelSpec, layout: ParallelLayout) -> dict[str, float]:
+def switched_state_parts(spec: ModelSpec, layout: ParallelLayout, lora=None) -> dict[str, float]:
     """Bytes of trainer state one device moves to the host before a colocated engine generates
     (and back after), per part: the bf16 weights and the optimizer's fp32 master weights and moments,
     as the trainer holds them on its fullest pipeline stage (memory.trainer_state_bytes: ZeRO shards
     the dense parts over dp*cp and a mixture-of-experts model's experts over dp*cp*tp/ep, Megatron's
     expert data-parallel group), less what is already on the host (offload_optimizer, offload_params)
-    and what stays resident. Gradients are freed, not moved."""
-    state = memory.trainer_state_bytes(spec, layout)
+    and what stays resident. Gradients are freed, not moved. `lora` (rpeg/graph/lora.py): the optimizer
+    state of the adapters alone."""
+    state = memory.trainer_state_bytes(spec, layout, lora=lora)
     weights = 0.0 if "weights" in layout.resident else state["weights"]
     optimizer = 0.0 if "optimizer" in layout.resident else state["optimizer"]
     return {"weights": weights, "optimizer": optimizer}

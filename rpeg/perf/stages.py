@@ -65,7 +65,8 @@ def _pass_workload(graph: Graph, stage: Stage, *, train: bool, even: bool = Fals
     # a critic's value head or a reward model's score head: hidden x 1, not the vocabulary
     value_head = "lm" not in graph.model(stage.model).heads
     return PassWorkload(sequences=per_step, seq_len=seq_len, attention_context=context,
-                        micro_batch=micro, optimizer_steps=steps, forward_only=not train, value_head=value_head)
+                        micro_batch=micro, optimizer_steps=steps, forward_only=not train, value_head=value_head,
+                        lora=graph.model(stage.model).lora)
 
 
 def _pad_multiple(layout) -> int:
@@ -99,7 +100,8 @@ def stage_cost(graph: Graph, stage: Stage, cluster: Cluster) -> StageCost:
         if graph.call_sequences:  # the engine reached in serial calls of a few sequences (passes/calls.py)
             cost = with_serial_calls(cost, spec, stage.layout, cluster, work, graph.call_sequences, colocated)
         if any(s.kind is Kind.SYNC and s.model == stage.model for s in graph.stages):  # it receives new weights
-            cost = _with_memory(cost, ((RECEIVE_BUFFER, receive_buffer_bytes(spec, stage.layout, graph.refit_gather)),))
+            cost = _with_memory(cost, ((RECEIVE_BUFFER, receive_buffer_bytes(spec, stage.layout, graph.refit_gather,
+                                                                             graph.model(stage.model).lora)),))
         return cost
     train = stage.kind is Kind.TRAIN
     cost = pass_cost(stage.name, spec, stage.layout, cluster, _pass_workload(graph, stage, train=train))
@@ -173,4 +175,4 @@ def _sync_cost(graph: Graph, stage: Stage, cluster: Cluster) -> StageCost:
     colocated = tg.overlaps(gg)
     return weight_sync_cost(stage.name, graph.model(stage.model).spec, train.layout, gen.layout, cluster,
                             colocated=colocated, separation=0 if colocated else abs(gg.first - tg.first),
-                            gather=graph.refit_gather)
+                            gather=graph.refit_gather, lora=graph.model(stage.model).lora)

@@ -206,7 +206,8 @@ def _context_switch(graph: Graph, cluster: Cluster | None = None) -> tuple[str, 
     if not graph.group(train.group).overlaps(graph.group(gen.group)):
         return None
     return gen.name, context_switch_cost(SWITCH, graph.model("actor").spec, train.layout, gen.layout,
-                                         cluster.device if cluster is not None else None)
+                                         cluster.device if cluster is not None else None,
+                                         graph.model("actor").lora)
 
 
 def _devices(graph: Graph, name: str) -> set[int]:

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 from rpeg.graph.layout import ParallelLayout, graph_scopes
+from rpeg.graph.lora import LoRA
 from rpeg.graph.model import ModelSpec
 from rpeg.hardware.device import Device
 from rpeg.hardware.topology import Cluster
@@ -43,7 +44,9 @@ class PassWorkload:
     sequences: per optimizer step; seq_len: mean tokens per sequence; attention_context: mean
     keys per query (E[s^2] / (2 E[s]) for causal attention over packed sequences of length s);
     micro_batch: sequences per micro-batch; optimizer_steps: epochs x mini-batches (forward-only
-    passes: the number of passes over `sequences`)."""
+    passes: the number of passes over `sequences`). `lora`: a training pass's backward computes no
+    gradients of the frozen weights (their GEMMs' second half), the adapters' GEMMs run beside the
+    layers', and gradient sync and optimizer step cover the adapters alone."""
 
     sequences: float
     seq_len: float
@@ -54,6 +57,7 @@ class PassWorkload:
     dtype: str = "bf16"
     value_head: bool = False
     flash_attention: bool = True
+    lora: LoRA | None = None  # the model's low-rank adapters (rpeg/graph/lora.py): its weights frozen
 
 
 def _layer_mix(spec: ModelSpec) -> tuple[float, float]:
@@ -147,19 +151,31 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
                                     load) * moe_l * share
 
     passes = 1 if work.forward_only else 3  # a backward is twice the forward
+    # LoRA: the backward skips the frozen weights' gradient GEMMs (the layers' and the head's: as long as their
+    # forward GEMMs); the adapters' own GEMMs (x A, then B; forward, and a backward twice it) run beside, at the
+    # rate the layers' forward achieves (a lower bound: rank-r GEMMs run further from peak)
+    frozen_s = adapter_s = adapter_flops = 0.0
+    if work.lora is not None:
+        if not work.forward_only:
+            frozen_s = fwd.gemm_s + head.gemm_s
+        lora_layers = layout.layers_per_stage(spec.layers)
+        per_token = sum(work.lora.flops_per_token(spec, i) for i in range(spec.layers)) / spec.layers
+        adapter_flops = tokens * per_token * lora_layers / tp
+        rate = fwd.flops / fwd.seconds if fwd.seconds > 0 else 0.0
+        adapter_s = passes * adapter_flops / rate if rate > 0 else 0.0
     # a full recompute runs the recomputed layers' forward again (recipe_options.recomputed_fraction)
     refwd = recipe_options.recomputed_fraction(layout, round(layers_per_stage)) if layout.recompute == "full" else 0.0
     moe_launch = moe_fwd_host + (0.0 if work.forward_only else moe_bwd_host + refwd * moe_fwd_host)
     permute_s = perm_fwd_host + (0.0 if work.forward_only else perm_bwd_host + refwd * perm_fwd_host)
     launch_s = passes * launch + moe_launch + permute_s
     if work.forward_only:
-        compute = fwd.seconds + head.seconds + launch_s
+        compute = fwd.seconds + head.seconds + launch_s + adapter_s
         ep_mb, cp_tp_mb = ep_fwd, tp_fwd + cp_fwd
         recompute_s = 0.0
     else:
         recompute_s = _recompute_s(spec, layout, fwd, dense_l * share, moe_l * share, tp_fwd + ep_fwd,
                                    layers_per_stage)
-        compute = 3 * (fwd.seconds + head.seconds) + launch_s
+        compute = 3 * (fwd.seconds + head.seconds) - frozen_s + adapter_s + launch_s
         ep_mb, cp_tp_mb = 2 * ep_fwd, 2 * (tp_fwd + cp_fwd)
     # EP overlap (training: one micro-batch's forward beside another's backward) hides the exchange behind
     # the other micro-batch's layers, which lose the exchange's SMs meanwhile
@@ -195,6 +211,8 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
     if not work.forward_only:
         split = memory.device_params(spec, layout)
         dense_params, expert_params = split.dense, split.expert
+        if work.lora is not None:  # the adapters' gradients alone (they shard as the dense weights do)
+            dense_params, expert_params = memory.adapter_params_per_device(spec, layout, work.lora), 0.0
         grad_bytes = recipe_options.grad_bytes(layout)  # fp32 main gradients unless the layout's are bf16
         dp_group = Group(dp * cp, tp)
         if layout.zero >= 1:
@@ -236,6 +254,9 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
 
     devices = layout.devices
     flops_dev = (fwd.flops + head.flops / pp) * (1 if work.forward_only else 3) * m  # per device, on average
+    if work.lora is not None:  # no frozen weight gradients; the adapters' GEMMs
+        frozen_flops = 0.0 if work.forward_only else fwd.gemm_flops + head.gemm_flops / pp
+        flops_dev += (passes * adapter_flops - frozen_flops) * m
     if not work.forward_only and layout.recompute == "full":
         flops_dev += fwd.flops * m * recipe_options.recomputed_fraction(layout, round(layers_per_stage))
     if work.forward_only:
@@ -243,12 +264,14 @@ def pass_cost(name: str, spec: ModelSpec, layout: ParallelLayout, cluster: Clust
                                       value_head=work.value_head)
     else:
         mem = memory.training_memory(spec, layout, seq_len=work.seq_len, micro_batch=mb_seqs,
-                                     microbatches_in_flight=m, value_head=work.value_head, dtype=work.dtype)
+                                     microbatches_in_flight=m, value_head=work.value_head, dtype=work.dtype,
+                                     lora=work.lora)
     bubble_s = bubble_mbs * bubble_mb * steps
     comm_s = (m * (comm + p2p) + dp_s) * steps
     compute_s = (m * (compute + ep_sm_s + recompute_s)) * steps
     pad_s = passes * pad_fwd  # the padded rows' expert work, forward and backward
-    parts = (("compute", m * (compute - launch_s + recompute_s - pad_s) * steps),
+    parts = (("compute", m * (compute - launch_s + recompute_s - pad_s - adapter_s) * steps),
+             ("LoRA adapters' GEMMs", m * adapter_s * steps),
              ("expert capacity padding", m * pad_s * steps),
              ("kernel launches", m * passes * launch * steps),
              (f"log-probs over the vocabulary ({layout.logits})", m * vocab_s * steps),

@@ -36,9 +36,11 @@ rpeg/perf/stages.py):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from rpeg.graph.layout import ParallelLayout
+from rpeg.graph.lora import LoRA
 from rpeg.graph.model import ModelSpec
 from rpeg.hardware.topology import Cluster
 from rpeg.perf.collectives import (Group, all_gather_s, broadcast_s, tensorwise_all_gather_s, tp_split_tensors,
@@ -64,12 +66,16 @@ RECEIVE_BUFFER = "weight-sync receive buffer"
 SLEEPING_ENGINE = "sleeping engine's NCCL buffers"
 
 
-def receive_buffer_bytes(spec: ModelSpec, gen: ParallelLayout, gather: str = "shard") -> float:
+def receive_buffer_bytes(spec: ModelSpec, gen: ParallelLayout, gather: str = "shard",
+                         lora: LoRA | None = None) -> float:
     """Bytes per engine device of the buckets a weight sync receives into (module docstring): the largest
     bucket is a decoder layer's or the embedding's bf16 weights, whole with `gather="full"` (every tensor
     sent in full: NeMo-RL, OpenRLHF, prime-rl), the engine's tensor-parallel slice with `shard`; a bucket
-    holds at most RECEIVE_BUCKET_BYTES."""
+    holds at most RECEIVE_BUCKET_BYTES. `lora` synced as adapters: the largest bucket is the adapters,
+    at most."""
     largest = max(max(spec.layer_params(i) for i in range(spec.layers)), spec.vocab * spec.hidden)
+    if lora is not None and lora.sync == "adapters":
+        largest = min(largest, lora.params(spec))
     bucket = min(largest * BF16 / (1 if gather == "full" else gen.tp), RECEIVE_BUCKET_BYTES.value)
     return RECEIVE_BUCKETS.value * bucket
 
@@ -174,7 +180,7 @@ def load_s(spec: ModelSpec, dev) -> float:
 
 def weight_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: ParallelLayout, cluster: Cluster, *,
                      colocated: bool, separation: int, gather: str = "shard",
-                     bucket_bytes: float | None = None) -> StageCost:
+                     bucket_bytes: float | None = None, lora: LoRA | None = None) -> StageCost:
     """`separation`: device-id distance between the training and generation groups (0 when colocated).
     `gather`: how the sync assembles the engine's weights (rpeg/passes/refit.py): `shard`, each device
     gets only its slice (disaggregated: every shard holder sends in parallel); `full`, every tensor
@@ -192,7 +198,18 @@ def weight_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: Par
     v0.5+'s stream_weights_via_ipc_zmq ping-pongs two buffers; not modelled apart). Disaggregated with
     one sender, the NCCL broadcast of bucket i runs while bucket i + 1 is filled and the engines load
     bucket i - 1 (NeMo-RL's double-buffered packed broadcast, verl's nccl engine), so only the
-    slowest of the three shows, the others as what lies beyond."""
+    slowest of the three shows, the others as what lies beyond.
+
+    `lora`: a model that trains low-rank adapters syncs them alone (`lora.sync` adapters: `adapter_sync_cost`),
+    or the merged weights (merged: the full sync above, after the merge of every adapter into its weight)."""
+    if lora is not None and lora.sync == "adapters":
+        return adapter_sync_cost(name, spec, train, gen, cluster, lora, colocated=colocated)
+    if lora is not None:
+        merged = weight_sync_cost(name, spec, train, gen, cluster, colocated=colocated, separation=separation,
+                                  gather=gather, bucket_bytes=bucket_bytes)
+        merge = ("merge adapters into the weights", _merge_s(spec, train, cluster, lora))
+        return dataclasses.replace(merged, seconds=merged.seconds + merge[1], memory_s=merged.memory_s + merge[1],
+                                   parts=(merge,) + merged.parts)
     total = spec.params_total() * BF16
     shard = total / gen.tp / gen.pp
     dev = cluster.device
@@ -246,6 +263,44 @@ def weight_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: Par
     seconds = sum(v for _, v in parts)
     return StageCost(stage=name, seconds=seconds, comm_s=seconds - copy_s, memory_s=copy_s,
                      bytes=total * gen.dp, devices=gen.devices, parts=parts)
+
+
+def _merge_s(spec: ModelSpec, train: ParallelLayout, cluster: Cluster, lora: LoRA) -> float:
+    """W + (alpha / r) B A for every targeted weight of one trainer device's shard: read and write each (bf16,
+    memory-bound; the rank-r product is r / in of the traffic's FLOPs)."""
+    dev = cluster.device
+    targeted = sum(i * o * n for layer in range(spec.layers) for i, o, n in lora._shapes(spec, layer))
+    bandwidth = dev.hbm_bandwidth_bytes_per_s * HBM[dev.kind].value
+    return 2 * BF16 * targeted / (train.tp * train.pp * train.ep) / bandwidth
+
+
+def adapter_sync_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: ParallelLayout, cluster: Cluster,
+                      lora: LoRA, *, colocated: bool) -> StageCost:
+    """A sync of LoRA adapters alone (verl's LoRA refit, vLLM's load_lora_adapter / add_lora, NeMo-RL's and
+    prime-rl's adapter broadcasts): every trainer rank gathers the adapters in full (`lora.tensors` of them,
+    `lora.params` x 2 bytes), the sender's per-tensor work and assembly, the wire (colocated: none, the
+    engine reads the buffer in place; else one sender's broadcast to every engine rank), and the engine's
+    load, per tensor, of the new adapter."""
+    nbytes = lora.params(spec) * BF16
+    tensors = float(lora.tensors(spec))
+    dev = cluster.device
+    mp = train.tp * train.pp * train.ep
+    parts: tuple[tuple[str, float], ...] = ()
+    if mp > 1 or (train.zero >= 3 and train.dp > 1):  # the adapters' shards gathered in full
+        group = Group(min(mp * (train.dp if train.zero >= 3 else 1), cluster.gpus_per_node), 1)
+        parts += (("gather the adapters", all_gather_s(cluster, nbytes / group.size, group)),)
+    parts += export_parts(spec, train, dev, nbytes, tensors)
+    if not colocated:
+        parts += (("broadcast the adapters to generation", broadcast_s(cluster, nbytes,
+                                                                       Group(train.devices + gen.devices, 1))),)
+    load = 0.0 if dev.kind == "cpu" else tensors * LOAD_TENSOR_S.value * host_time(dev)
+    parts += ((f"receiver: load the adapter ({tensors:,.0f} tensors)", load),
+              ("copy into engine", nbytes / (dev.hbm_bandwidth_bytes_per_s * HBM[dev.kind].value)))
+    parts = tuple(p for p in parts if p[1] > 0)
+    seconds = sum(v for _, v in parts)
+    copy_s = parts[-1][1] if parts and parts[-1][0] == "copy into engine" else 0.0
+    return StageCost(stage=name, seconds=seconds, comm_s=seconds - copy_s, memory_s=copy_s, bytes=nbytes * gen.dp,
+                     devices=gen.devices, parts=parts)
 
 
 def full_gather_parts(spec: ModelSpec, train: ParallelLayout, cluster: Cluster) -> tuple[tuple[str, float], ...]:
@@ -309,15 +364,15 @@ ENGINE_WAKE = "engine wake"  # before generation
 
 
 def context_switch_cost(name: str, spec: ModelSpec, train: ParallelLayout, gen: ParallelLayout,
-                        device=None) -> StageCost:
+                        device=None, lora: LoRA | None = None) -> StageCost:
     """Offload the trainer's state to host before generation and reload it after; the engine
     likewise releases its weights after generation (vLLM's sleep mode) and reloads them. What the
     training layout keeps resident, or on the host anyway, is not moved (rpeg/perf/offload.py); each
     part moves at its copy's rate, pinned or, where the training layout lists it in `pageable`,
     pageable (rpeg/perf/offload.py says which systems copy through pageable memory). The engine's
     backup is pinned (vLLM's sleep level 1, CuMemAllocator). `device`: whose host link the copies take
-    (None: an x86 host's PCIe)."""
-    moved = switched_state_parts(spec, train)  # gradients are freed, not moved
+    (None: an x86 host's PCIe). `lora`: the trainer's optimizer state is its adapters' alone."""
+    moved = switched_state_parts(spec, train, lora)  # gradients are freed, not moved
     state = sum(moved.values())
     engine = spec.params_total() * BF16 / (gen.tp * gen.pp)
     host = host_copy_bytes_per_s(device, "weights-out")

@@ -24,6 +24,10 @@ def check_plan(graph: Graph) -> None:
         raise RpegError(f"the runtime trains {', '.join(SUPPORTED)}, not {graph.algorithm}")
     if not graph.groups:
         raise RpegError("the plan places no stage on devices")
+    lora = [m.name for m in graph.models if m.lora is not None]
+    if lora:
+        raise RpegError(f"the job trains LoRA adapters on the {' and '.join(lora)}: `rpeg predict` and `rpeg plan` "
+                        "cost it; the runtime trains full weights only for now (leave out `lora:` to train in full)")
     for s in graph.stages:
         lay = s.layout
         if s.model and s.kind is not Kind.SYNC and lay is None:
