@@ -74,8 +74,9 @@ def assemble(algorithm: str, job: Job, models: Models, config: AlgoConfig, recip
             critic_lora.check(models.critic or models.actor)
         roles.append(ModelRole(name="critic", spec=models.critic or models.actor, trainable=True, heads=("value",),
                                lora=critic_lora))
-    if config.uses_reference:
-        roles.append(ModelRole(name="ref", spec=models.reference or models.actor, trainable=False))
+    if config.uses_reference:  # with LoRA on the actor, the reference is its base, adapters off (unless another)
+        base = "actor" if lora is not None and (models.reference is None or models.reference == models.actor) else ""
+        roles.append(ModelRole(name="ref", spec=models.reference or models.actor, trainable=False, base_of=base))
     if models.reward is not None:
         roles.append(ModelRole(name="reward", spec=models.reward, trainable=False, heads=("score",)))
     rm = "reward" if models.reward is not None else None

@@ -69,6 +69,9 @@ class ModelRole:
     trainable: bool
     heads: tuple[str, ...] = ("lm",)
     lora: LoRA | None = None
+    # the frozen base of this trained model, its adapters off: a reference that holds no weights of its own
+    # where it runs on that model's trainer's devices (the reference of a LoRA job)
+    base_of: str = ""
 
     def replace(self, **changes) -> ModelRole:
         return dataclasses.replace(self, **changes)

@@ -228,6 +228,8 @@ def _resident(graph: Graph, stages: list[Stage], costs: dict[str, StageCost],
             continue
         if model == "ref" and graph.reference_on_host:
             continue  # in host memory between its passes
+        if model and _trainer(stages, graph.model(model).base_of) is not None:
+            continue  # a LoRA model's base, adapters off: the trainer's weights, already held
         frozen = [s for s in stages if s.model == model and s.kind in (Kind.INFER, Kind.REWARD)]
         if frozen:
             top = max(frozen, key=lambda s: dict(costs[s.name].memory_parts).get("weights", 0.0))
@@ -274,9 +276,10 @@ def _transient(graph: Graph, unit: tuple[Stage, ...], stages: list[Stage], costs
             continue
         own = [(p, b) for p, b in parts if b and p != "weights"]
         weights = dict(parts).get("weights", 0.0)
-        train = _trainer(stages, s.model)
+        owner = graph.model(s.model).base_of or s.model  # a LoRA reference runs its trained model's base
+        train = _trainer(stages, owner)
         if train is not None:  # borrows the trainer's model: only what it holds beyond the trainer's shard
-            shard = next((h.bytes for h in resident if h.model == s.model and h.what == "trainer weights"), 0.0)
+            shard = next((h.bytes for h in resident if h.model == owner and h.what == "trainer weights"), 0.0)
             if weights > shard:
                 own.insert(0, ("weights beyond the trainer's shard", weights - shard))
         elif s.model == "ref" and graph.reference_on_host:

@@ -29,7 +29,8 @@ def _fits(graph: Graph, stage: Stage, lay: ParallelLayout, capacity: float) -> b
     spec = graph.model(stage.model).spec
     job = graph.job
     if stage.kind is Kind.TRAIN:
-        mem = memory.training_memory(spec, lay, seq_len=job.max_seq_len, micro_batch=1)
+        mem = memory.training_memory(spec, lay, seq_len=job.max_seq_len, micro_batch=1,
+                                     lora=graph.model(stage.model).lora)
         return mem.total <= capacity
     weights = memory.weight_bytes_per_device(spec, lay.replace(ep=lay.tp) if spec.is_moe and lay.tp > 1 else lay)
     return weights <= 0.5 * capacity

@@ -117,3 +117,25 @@ def test_rpeg_train_refuses_a_lora_job_in_one_line_until_the_runtime_trains_adap
     with pytest.raises(RpegError, match="the job trains LoRA adapters on the actor: .* the runtime trains full "
                                         "weights only for now"):
         check_plan(g)
+
+
+def test_a_lora_reference_is_the_base_with_adapters_off_and_holds_no_weights_of_its_own():
+    """GRPO with a KL to the reference, colocated on 8 H100s: in full the reference keeps its own bf16 copy on
+    every device; with LoRA it runs the actor's frozen base, so nothing of its own is held."""
+    from rpeg.perf.step import predict_step
+    from rpeg.search.default import default_plan
+
+    cluster = load_cluster("dgx-h100", 8)
+    data = {"algorithm": "grpo", "model": "qwen3-8B", "config": {"kl_coef": 0.04},
+            "job": {"prompts": 64, "samples_per_prompt": 8, "prompt_len": 512,
+                    "response": {"kind": "lognormal", "mean": 2000, "max": 8192}}}
+
+    def ref_weights(spec) -> float:
+        g = spec.graph()
+        pred = predict_step(default_plan(g, cluster, 8), cluster)
+        return max(sum(h.bytes for h in d.lines if h.model == "ref" and h.what == "weights") for d in pred.memory)
+
+    full, low = spec_from_data(data), spec_from_data(data | {"lora": {"rank": 32}})
+    assert low.graph().model("ref").base_of == "actor" and full.graph().model("ref").base_of == ""
+    assert ref_weights(full) == pytest.approx(2 * QWEN3_8B.params_total(), rel=0.01)
+    assert ref_weights(low) == 0.0
