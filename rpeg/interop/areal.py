@@ -42,9 +42,11 @@ from rpeg.graph import get_model
 from rpeg.graph.serde import from_data, parse_yaml
 from rpeg.interop.areal_alloc import Engine, parse_allocation, parse_engine
 from rpeg.interop.common import (
-    defaults_of, hf_name, one_pass_each, resize,
-    Exported, Imported, Notes, PlanView, config_tuple, episode_of, model_preset, response_of, stage_names,
+    PEFT_MODULES, defaults_of, hf_name, one_pass_each, resize,
+    Exported, Imported, Notes, PlanView, config_tuple, episode_of, lora_of, model_preset, response_of, stage_names,
 )
+
+PEFT_NAMES = {target: module for module, target in PEFT_MODULES.items()}
 
 SYSTEM = "areal"
 SUFFIX = ".yaml"
@@ -60,6 +62,7 @@ _READ = {  # keys read, by dotted name
     "critic.scheduling_strategy.target", "cluster.n_nodes", "cluster.n_gpus_per_node", "actor.recompute_logprob",
     "critic.gradient_checkpointing", "ref.gradient_checkpointing", "critic.eps_clip",
     "actor.reward_norm.mean_level", "actor.reward_norm.std_level",
+    "actor.use_lora", "actor.lora_rank", "actor.lora_alpha", "actor.target_modules", "actor.peft_type",
     "actor.reward_norm.mean_leave1out", "actor.reward_norm.group_size",
     "actor.adv_norm.mean_level", "actor.adv_norm.std_level",
 }
@@ -265,7 +268,19 @@ def read(text: str, source: str, *, model: str | None = None, response_mean: flo
     if isinstance(n_nodes, int) and isinstance(per_node, int) and n_nodes * per_node < nxt:
         raise RpegError(f"{source}: the backends use {nxt} GPUs; cluster.n_nodes x n_gpus_per_node = "
                         f"{n_nodes} x {per_node} = {n_nodes * per_node}")
-    view = PlanView(algorithm=algorithm, actor=actor, job=job, gpus=nxt, critic=critic,
+    # TrainEngineConfig (api/cli_args.py): use_lora off; lora_rank 32, lora_alpha 16; target_modules a list
+    # (empty: read as every linear layer); peft_type lora, the only one
+    lora = None
+    if get("actor.use_lora", False):
+        if get("actor.peft_type", "lora") != "lora":
+            raise RpegError(f"{source}: actor.peft_type = {get('actor.peft_type')!r}: RPEG models LoRA")
+        modules = get("actor.target_modules") or "all-linear"
+        if modules == "all-linear":
+            notes.assume("actor.target_modules: none given; the adapters read as on every linear layer (all-linear)")
+        lora = lora_of(whole("actor.lora_rank", 32), get("actor.lora_alpha", 16), modules, 0.0, "actor.lora_rank",
+                       notes)
+    view = PlanView(lora=lora,
+                    algorithm=algorithm, actor=actor, job=job, gpus=nxt, critic=critic,
                     config=config_tuple(algorithm, options), cluster=cluster, async_bound=k, partial=k >= 1,
                     groups=tuple(groups), assign=tuple((s, assign.get(s, "actor")) for s in names),
                     layouts=tuple((s, layouts[s]) for s in names if s in layouts),
@@ -416,6 +431,11 @@ def config_data(view: PlanView) -> dict[str, Any]:
         "gae_lambda": opts["lam"], "use_decoupled_loss": opts["off_policy"] == "decoupled",
         "recompute_logprob": True, "max_new_tokens": v.job.response.max,
     }
+    if v.lora is not None:  # TrainEngineConfig's LoRA fields (FSDP only, as AReaL says)
+        if v.lora.alpha != int(v.lora.alpha):
+            raise RpegError(f"AReaL's lora_alpha is a whole number; the plan's is {v.lora.alpha:g}")
+        actor |= {"use_lora": True, "lora_rank": v.lora.rank, "lora_alpha": int(v.lora.alpha),
+                  "target_modules": [PEFT_NAMES[t] for t in v.lora.targets]}  # a list: peft reads each as a name
     # AReaL's algorithm is its normalization (trainer/ppo/actor.py): GRPO normalizes rewards per group, then
     # whitens advantages over the batch (its gsm8k_grpo example); PPO whitens GAE advantages over the batch.
     # Without these AReaL would run plain REINFORCE. And an engine with no optimizer does not train

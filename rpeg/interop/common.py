@@ -22,6 +22,7 @@ from rpeg.algorithms import get_algorithm
 from rpeg.errors import RpegError
 from rpeg.graph import Graph, Job, Kind, ParallelLayout
 from rpeg.graph.catalogue import get_model
+from rpeg.graph.lora import TARGETS, LoRA
 from rpeg.graph.serde import to_data
 from rpeg.interop.shell import script_command  # noqa: F401 (launch scripts: the importers read them through it)
 
@@ -57,6 +58,7 @@ class PlanView:
     layouts: tuple[tuple[str, ParallelLayout], ...] = ()
     refit_gather: str = "shard"
     reference_on_host: bool = False
+    lora: LoRA | None = None  # the actor trains low-rank adapters (rpeg/graph/lora.py)
 
     def replace(self, **changes) -> PlanView:
         return dataclasses.replace(self, **changes)
@@ -146,7 +148,7 @@ def view_of(graph: Graph, *, actor: str, critic: str | None = None, reward: str 
         groups=tuple((g.name, g.first, g.count) for g in graph.groups),
         assign=tuple((s.name, s.group) for s in graph.stages if s.kind is not Kind.SYNC and s.group),
         layouts=tuple((s.name, s.layout) for s in graph.stages if s.layout is not None and s.kind is not Kind.SYNC),
-        refit_gather=graph.refit_gather, reference_on_host=graph.reference_on_host)
+        refit_gather=graph.refit_gather, reference_on_host=graph.reference_on_host, lora=graph.model("actor").lora)
 
 
 def load_view(data: dict, source: str = "plan") -> PlanView:
@@ -220,6 +222,8 @@ def job_data(view: PlanView) -> dict[str, Any]:
         data["critic"] = view.critic or view.actor
     if view.reward:
         data["reward"] = view.reward
+    if view.lora is not None:
+        data["lora"] = to_data(view.lora)
     data["job"] = to_data(view.job)
     if view.config:
         data["config"] = dict(view.config)
@@ -238,6 +242,45 @@ def graph_of(view: PlanView) -> Graph:
 
 
 # ---- what every importer needs -------------------------------------------------------------------
+
+# peft's module names of a Llama/Qwen decoder layer -> LoRA's targets (rpeg/graph/lora.py)
+PEFT_MODULES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate", "up_proj": "up",
+                "down_proj": "down"}
+
+
+def lora_of(rank: Any, alpha: Any, modules: Any, dropout: Any, where: str, notes: Notes) -> LoRA | None:
+    """A peer's LoRA settings (`where` names its keys): None for rank 0 (LoRA off); peft's `target_modules`
+    ("all-linear", a list or a comma-separated string of module names) as LoRA's targets, an unknown
+    module named in the notes."""
+    if rank in (None, 0):
+        return None
+    if isinstance(modules, list | tuple) and len(modules) == 1:
+        modules = modules[0]
+    if isinstance(modules, str) and modules.strip() in ("all-linear", "all_linear"):
+        targets = TARGETS
+    else:
+        names = [m.strip() for m in (modules.split(",") if isinstance(modules, str) else list(modules or []))]
+        targets = tuple(dict.fromkeys(PEFT_MODULES[m] for m in names if m in PEFT_MODULES))
+        other = [m for m in names if m not in PEFT_MODULES]
+        if other:
+            notes.assume(f"{where}: target module(s) {', '.join(other)} are not a decoder layer's projections "
+                         f"RPEG models ({', '.join(PEFT_MODULES)}): left out of the adapters' cost")
+        if not targets:
+            raise RpegError(f"{where}: no target module RPEG models among {names} (known: {', '.join(PEFT_MODULES)} "
+                            "or all-linear)")
+    from rpeg.graph.serde import from_data
+
+    return from_data(LoRA, {"rank": rank, "alpha": alpha, "targets": list(targets), "dropout": dropout or 0.0},
+                     where)
+
+
+def peft_modules(lora: LoRA) -> str:
+    """LoRA's targets as peft's `target_modules`: all-linear when it is every projection."""
+    if set(lora.targets) == set(TARGETS):
+        return "all-linear"
+    names = {v: k for k, v in PEFT_MODULES.items()}
+    return ",".join(names[t] for t in lora.targets)
+
 
 def model_preset(path: Any, key: str, override: str | None = None, notes: Notes | None = None) -> str:
     """The RPEG model a peer's model path or name names (`Qwen/Qwen2.5-7B-Instruct`, `~/models/Qwen3-8B`, a

@@ -53,9 +53,13 @@ DEFAULTS: dict[str, Any] = {
     "train.async_enable": False, "train.async_queue_size": 1, "train.partial_rollout_enable": False,
     "actor.model_name_or_path": None, "critic.model_name_or_path": None, "reward.model_name_or_path": None,
     "reward.remote_url": None, "ref.offload": False,
+    # LoRA (train_ppo_ray.py): off at rank 0; alpha 16; every linear layer; no dropout
+    "ds.lora.rank": 0, "ds.lora.alpha": 16, "ds.lora.target_modules": "all-linear", "ds.lora.dropout": 0,
 }
 FLAGS = {k for k, v in DEFAULTS.items() if isinstance(v, bool)} | {"vllm.enable_sleep", "ds.enable_sleep",
                                                                     "ds.adam_offload", "adam_offload"}
+# flags that take every word up to the next flag (argparse nargs="*"): module names
+LISTS = {"ds.lora.target_modules", "target_modules"}
 FLOAT2 = {"actor.eps_clip_low_high", "algo.advantage.is_correction_threshold", "algo.dynamic_filtering_range",
           "reward.clip_range", "actor.adam.betas", "critic.adam.betas"}
 

@@ -16,11 +16,12 @@ from rpeg.errors import RpegError
 from rpeg.graph import Job, ParallelLayout
 from rpeg.graph.serde import from_data
 from rpeg.interop.common import (
-    Imported, Notes, PlanView, config_tuple, episode_of, model_preset, response_of, script_command, stage_names,
+    Imported, Notes, PlanView, config_tuple, episode_of, lora_of, model_preset, response_of, script_command,
+    stage_names,
 )
 from rpeg.interop.openrlhf_flags import old_flags, translate
 from rpeg.interop.openrlhf_keys import (
-    CORRECTIONS, DEFAULTS, ENTRY, ESTIMATORS, FLAGS, FLOAT2, LOGITS, LOGITS_STAGES, SYSTEM, _NOT_PLAN,
+    CORRECTIONS, DEFAULTS, ENTRY, ESTIMATORS, FLAGS, FLOAT2, LISTS, LOGITS, LOGITS_STAGES, SYSTEM, _NOT_PLAN,
 )
 
 
@@ -73,7 +74,7 @@ def _parse(words: list[str], source: str) -> dict[str, Any]:
             continue
         values = [inline] if inline else []
         j = i + 1
-        while not values or (key in FLOAT2 and len(values) < 2):
+        while not values or (key in FLOAT2 and len(values) < 2) or key in LISTS:
             if j >= len(words) or (words[j].startswith("--") and not re.match(r"^--?\d", words[j])):
                 break
             values.append(words[j])
@@ -81,7 +82,7 @@ def _parse(words: list[str], source: str) -> dict[str, Any]:
         if not values:  # a store_true flag this reader does not list
             args[key] = True
         else:
-            args[key] = [_num(v) for v in values] if key in FLOAT2 else _num(values[0])
+            args[key] = [_num(v) for v in values] if key in FLOAT2 else values if key in LISTS else _num(values[0])
         i = j
     return args
 
@@ -363,7 +364,11 @@ def _from_args(args: dict[str, Any], source: str, *, model, response_mean, clust
     if not async_on and a.has("train.async_queue_size"):
         a.used.add("train.async_queue_size")
         notes.skip("train.async_queue_size", args["train.async_queue_size"], "async training is off")
-    view = PlanView(algorithm=algorithm, actor=actor, job=job, gpus=nxt, critic=critic, reward=reward,
+    lora = lora_of(a.num("ds.lora.rank", minimum=0), a.num("ds.lora.alpha", minimum=0, whole=False),
+                   a.get("ds.lora.target_modules"), a.num("ds.lora.dropout", minimum=0, whole=False), "--ds.lora.rank",
+                   notes)
+    view = PlanView(lora=lora,
+                    algorithm=algorithm, actor=actor, job=job, gpus=nxt, critic=critic, reward=reward,
                     config=config_tuple(algorithm, options), cluster=cluster, async_bound=async_bound,
                     partial=partial, groups=tuple(groups), assign=assign,
                     layouts=tuple((s, layouts[s]) for s in names if s in layouts), refit_gather="full",

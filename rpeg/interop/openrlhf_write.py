@@ -13,7 +13,7 @@ from rpeg.errors import RpegError
 from rpeg.graph import ParallelLayout
 from rpeg.graph.episode import MAX_TURNS
 from rpeg.interop.common import (
-    Exported, PlanView, colocate_all, config_tuple, defaults_of, hf_name, one_pass_each, resize,
+    Exported, PlanView, colocate_all, config_tuple, defaults_of, hf_name, one_pass_each, peft_modules, resize,
 )
 from rpeg.interop.openrlhf_keys import ENTRY, ESTIMATORS, EXPORTS, LOGITS, LOGITS_STAGES, SUFFIX, SYSTEM
 
@@ -297,6 +297,12 @@ def arguments(view: PlanView) -> list[str]:
             flag("train.colocate_critic_reward")
     a = lay["actor_update"]
     flag("ds.zero_stage", a.zero)
+    if v.lora is not None:  # DeepSpeed's trainer through peft (train_ppo_ray.py's LoRA flags)
+        flag("ds.lora.rank", v.lora.rank)
+        flag("ds.lora.alpha", f"{v.lora.alpha:g}")
+        flag("ds.lora.target_modules", " ".join(peft_modules(v.lora).split(",")))
+        if v.lora.dropout:
+            flag("ds.lora.dropout", f"{v.lora.dropout:g}")
     if a.offload_optimizer:
         flag("ds.adam_offload")
     if a.tp > 1:

@@ -103,6 +103,9 @@ DEFAULTS: dict[str, Any] = {
     "algorithm.kl_ctrl.kl_coef": 0.001, "algorithm.gamma": 1.0, "algorithm.lam": 1.0,
     "algorithm.norm_adv_by_std_in_grpo": True, "algorithm.filter_groups.enable": False,
     "algorithm.rollout_correction.rollout_is": None, "algorithm.rollout_correction.rollout_is_threshold": 2.0,
+    # model/hf_model.yaml: LoRA off (rank 0); alpha 16; every linear layer
+    "actor_rollout_ref.model.lora_rank": 0, "actor_rollout_ref.model.lora_alpha": 16,
+    "actor_rollout_ref.model.target_modules": "all-linear",
     "critic.enable": None, "critic.strategy": None, "critic.model.path": None,
     "critic.ppo_micro_batch_size_per_gpu": None, "critic.forward_micro_batch_size_per_gpu": None,
     "critic.cliprange_value": 0.5, "critic.ulysses_sequence_parallel_size": 1,
@@ -191,6 +194,8 @@ _KEY_WHY = {
     "use_reward_loop": "how the reward model is served: RPEG models it as a forward pass of its layout",
     "num_workers": "worker counts of the reward loop are not part of the plan",
     "critic_warmup": "steps that train only the critic are not part of a step's plan",
+    "layered_summon": "how verl gathers a LoRA model's base for the engine, layer by layer: its memory is not modelled",
+    "use_shm": "the model's files through shared memory: loading is not part of a step",
 }
 
 

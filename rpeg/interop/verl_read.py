@@ -18,7 +18,8 @@ from rpeg.graph import Job, ParallelLayout
 from rpeg.graph import get_model
 from rpeg.graph.serde import from_data, parse_yaml
 from rpeg.interop.common import (
-    Imported, Notes, PlanView, config_tuple, episode_of, model_preset, response_of, script_command, stage_names,
+    Imported, Notes, PlanView, config_tuple, episode_of, lora_of, model_preset, response_of, script_command,
+    stage_names,
 )
 from rpeg.interop.shell import is_unknown
 from rpeg.interop.verl_keys import (
@@ -352,7 +353,11 @@ def _from_config(cfg: dict[str, Any], mode: str, megatron: bool, source: str, *,
             st = strategy if stage == "actor_update" else (c.get("critic.strategy") or strategy)
             layouts[stage] = layouts[stage].replace(**_offload_of(c, stage, st, notes))
 
+    M = "actor_rollout_ref.model."
+    lora = lora_of(c.num(M + "lora_rank", minimum=0), c.num(M + "lora_alpha", whole=False, minimum=None),
+                   c.get(M + "target_modules"), None, M + "lora_rank", notes)
     view = PlanView(
+        lora=lora,
         algorithm=algorithm, actor=actor, job=job, gpus=gpus, critic=critic, reward=reward,
         config=config_tuple(algorithm, options), cluster=cluster, async_bound=async_bound, partial=partial,
         groups=groups, assign=assign, layouts=tuple((s, layouts[s]) for s in names if s in layouts),

@@ -11,7 +11,8 @@ from typing import Any
 from rpeg.errors import RpegError
 from rpeg.graph import ParallelLayout, get_model
 from rpeg.hardware import load_cluster
-from rpeg.interop.common import Exported, PlanView, colocate_all, config_tuple, defaults_of, hf_name, one_pass_each
+from rpeg.interop.common import (Exported, PlanView, colocate_all, config_tuple, defaults_of, hf_name, one_pass_each,
+                                 peft_modules)
 from rpeg.interop.verl_keys import (CONFIG_NAMES, DEFAULTS, ENTRIES, ESTIMATORS, ROLLOUT_IS, SUFFIX, SYSTEM,
                                      _OFFLOAD_KEYS)
 from rpeg.perf.generation import engine_max_seqs
@@ -306,6 +307,11 @@ def overrides(view: PlanView) -> tuple[str, list[str], str]:
     out += [f"data.max_prompt_length={job.prompt_len}", f"data.max_response_length={job.response.max}",
             f"{R}n={job.samples_per_prompt}", f"{A}ppo_epochs={job.ppo_epochs}",
             f"actor_rollout_ref.model.path={hf_name(v.actor)}"]
+    if v.lora is not None:  # model/hf_model.yaml's LoRA keys
+        mods = peft_modules(v.lora)
+        out += [f"actor_rollout_ref.model.lora_rank={v.lora.rank}",
+                f"actor_rollout_ref.model.lora_alpha={v.lora.alpha:g}",
+                f"actor_rollout_ref.model.target_modules={mods if mods == 'all-linear' else '[' + mods + ']'}"]
     kl = opts.get("kl_coef", 0.0)
     if kl > 0:
         if opts.get("kl_in", "reward") == "loss":

@@ -90,7 +90,7 @@ class Recovering:
         if synced:
             self._record(self.names.sync, step, span, self.names.generate)
         again = sum(self.steps.resubmit(item, dead) for item in items)
-        self.waits.where, self.waits.starting = f"step {step + 1}", False
+        self.waits.where = f"step {step + 1}"  # still `starting` until the step ends: the new engines' first calls
         row = {"restart": n, "fault": what, "step": step + 1, "engines": dead, "calls_again": again,
                "from_step": step, "steps_lost": 0, "restart_s": 0.0}
         self.recoveries.append(row)

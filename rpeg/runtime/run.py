@@ -323,12 +323,13 @@ class _Runner(Recovering):
         for step in range(start, rt.steps):
             self.step = step
             t_step = time.time()
-            self.waits.where, self.waits.starting = f"step {step + 1}", False
+            self.waits.where = f"step {step + 1}"  # `starting` until a step ends: the first, or the first after a restart
             for j in range(step, min(rt.steps, step + self.k + 1)):  # may run on version `step` (>= j - k)
                 if j not in pending:
                     pending[j] = self.steps.launch(j)
             m = self._run_step(step, pending)
             self._sync_step(step, pending)
+            self.waits.starting = False  # a step has run on these workers: every first call is behind them
             m["step_s"] = time.time() - t_step
             if rt.eval_every and ((step + 1) % rt.eval_every == 0 or step + 1 == rt.steps):
                 acc = self.evaluate()

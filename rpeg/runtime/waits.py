@@ -4,10 +4,10 @@ instead of a run that waits for ever with Ray reporting every actor healthy.
 
 The bound is `runtime.wait_timeout_factor` x the plan's predicted step time x (k + 1) (a generation may
 be awaited up to k steps after it was launched), and at least `runtime.wait_timeout_s`; held-out
-evaluation scales it by its problems over a step's. Before the first step (workers starting, models
-loading, the first evaluation's first generation: what no prediction states), and while a restart brings
-the workers back, a wait takes at least `runtime.startup_timeout_s` (600 s), whatever the floor. Without a
-prediction (a cluster not calibrated) the floor alone.
+evaluation scales it by its problems over a step's. Until the first step ends (workers starting, models
+loading, the first evaluation, every first call's warm-up: what no prediction states), and again from a
+restart until the next step ends, a wait takes at least `runtime.startup_timeout_s` (600 s), whatever the
+floor. Without a prediction (a cluster not calibrated) the floor alone.
 
 A wait also ends as soon as one of the awaited workers has died or failed (it polls, POLL_S at a time,
 and takes each result as it arrives), not when the slowest of the others would have answered: the
@@ -41,7 +41,7 @@ class BoundedRay:
         self._ray = ray
         self.bound_s, self.floor_s, self.startup_s = bound_s, floor_s, startup_s
         self.where = STARTING  # what the driver is doing: the step, evaluation, a checkpoint
-        self.starting = True  # before the first step (the first evaluation included): at least startup_s
+        self.starting = True  # until the first step ends (the first evaluation included): at least startup_s
         self.scale = 1.0  # the bound's multiple for the work under way (held-out evaluation's size)
 
     def __getattr__(self, name: str):

@@ -54,11 +54,13 @@ def hf_folder(root: Path, preset: str) -> Path:
     return folder
 
 
-def verl_check(words: list[str], mode: str):
+def verl_check(words: list[str], mode: str, validate: bool = True):
     """Compose verl's Hydra config from the exported overrides as verl's entry would (its own config
     folder, --config-name, the overrides) and run the checks that entry runs before it starts Ray:
     `validate_config` (main_ppo, one_step_off_policy.main_ppo), or for fully_async_main the
-    dataclass conversions and the rollouter's own assertion. Returns the composed config."""
+    dataclass conversions and the rollouter's own assertion. Returns the composed config. `validate`
+    False: the composition alone (Hydra refuses a key verl's config does not have), for a config whose
+    checks need what this machine lacks (LoRA: validate_config asks vLLM's version)."""
     need("verl.utils.config")
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -82,6 +84,8 @@ def verl_check(words: list[str], mode: str):
     finally:
         os.chdir(here)
         GlobalHydra.instance().clear()
+    if not validate:
+        return cfg
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if mode == "fully-async":  # fully_async_main.main and FullyAsyncRollouter._validate_config

@@ -146,3 +146,22 @@ def test_bad_configs_give_one_line_errors(text, message):
     with pytest.raises(RpegError) as e:
         ra.read(text, "exp.yaml")
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_lora_settings_are_read_written_and_load_with_areals_own_code(tmp_path):
+    """TrainEngineConfig's use_lora, lora_rank, lora_alpha and target_modules: a view with adapters exports
+    an actor section AReaL's own config loader takes, which reads back to the same adapters."""
+    from rpeg.graph.lora import LoRA
+
+    im = read("gsm8k_grpo.yaml")
+    assert im.view.lora is None
+    for lora in (LoRA(rank=32, alpha=16.0), LoRA(rank=8, alpha=16.0, targets=("q", "k", "v", "o"))):
+        out = ra.write(im.view.replace(lora=lora))
+        assert "use_lora: true" in out.text
+        areal_check(out.text, tmp_path)
+        back = ra.read(out.text, "export", response_mean=im.view.job.response.mean)
+        assert back.view.lora == lora and not [u for u in back.unmapped if "lora" in u or "target_modules" in u]
+    text = (DATA / "gsm8k_grpo.yaml").read_text().replace("actor:\n", "actor:\n  use_lora: true\n", 1)
+    got = ra.read(text, "lora")
+    assert got.view.lora == LoRA(rank=32, alpha=16.0)  # AReaL's defaults; target_modules empty read as all-linear
+    assert any("actor.target_modules" in a for a in got.assumed)

@@ -78,6 +78,8 @@ CORPUS = {
         "policy_loss.loss_mode = 'sapo': RPEG's policy losses are vanilla (ppo) and gspo"),
     ("verl", "run_rloo_qwen2-7b.sh"): ok("rloo", "qwen2.5-7B", 8, "sync", "dp4 tp2 max-seqs=256",
         "dp8 zero3 recompute=full mb80 resident=weights+optimizer logits=bf16-ce"),
+    ("verl", "run_qwen2_5-3b_gsm8k_grpo_lora.sh"): ok("grpo", "Qwen/Qwen2.5-3B-Instruct", 2, "sync",
+        "tp2 max-seqs=256", "dp2 zero3 recompute=full mb40 resident=weights+optimizer logits=bf16-ce"),
     ("verl", "run_with_rollout_corr.sh"): refused('rloo needs samples_per_prompt >= 2'),
     ("verl", "split_placement_run_deepseek7b_llm.sh"): refused('no command in it runs verl.trainer.main_ppo'),
     ("verl", "test_gspo_qwen30b_a3b_ep.sh"): ok("grpo", "qwen3-30B-A3B", 16, "sync", "dp16 ep4 max-seqs=256",

@@ -216,3 +216,19 @@ def test_only_corrections_openrlhf_computes_are_exported(off_policy, written):
     else:
         assert not flags and "off_policy" not in dict(back.view.config)
         assert [x for x in out.left_out if x.startswith(f"off_policy {off_policy}: ")]
+
+
+def test_lora_flags_are_read_written_and_pass_openrlhfs_checks():
+    """--ds.lora.rank / alpha / target_modules (nargs="*") / dropout: a view with adapters exports the flags
+    train_ppo_ray's own parser takes, and reads back to the same adapters; rank 0 (the default) is none."""
+    from rpeg.graph.lora import LoRA
+
+    im = read("train_ppo_ray_hybrid_engine.sh")
+    assert im.view.lora is None
+    for lora in (LoRA(rank=16, alpha=32.0), LoRA(rank=8, alpha=16.0, targets=("q", "v"), dropout=0.05)):
+        out = ro.write(im.view.replace(lora=lora))
+        words, _ = script_command(out.text, ro._ENTRY, "export")
+        args = openrlhf_check(words)
+        assert (args.ds.lora.rank, args.ds.lora.alpha) == (lora.rank, int(lora.alpha))
+        back = ro.read(out.text, "export", response_mean=im.view.job.response.mean)
+        assert back.view.lora == lora and not back.unmapped

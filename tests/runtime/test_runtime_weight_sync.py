@@ -134,14 +134,15 @@ def test_a_weight_corrupted_on_one_engine_is_caught_at_the_next_sync(tmp_path, m
 @pytest.mark.long
 @pytest.mark.parametrize("plan", ["split", "colocated"])
 def test_an_engine_that_stops_answering_ends_the_run_with_one_line(tmp_path, monkeypatch, plan):
-    """runtime.faults' hang_engine: after loading version 1 an engine's thread sleeps for an hour; the
-    driver's wait on the weight sync (or load) gives up at runtime.wait_timeout_s and names what it waited on
-    (with runtime.max_restarts 0 the run stops there; tests/runtime/test_runtime_recovery.py restarts)."""
+    """runtime.faults' hang_engine: after loading version 2 an engine's thread sleeps for an hour; the
+    driver's wait on step 2's weight sync (or load) gives up at runtime.wait_timeout_s (step 1 has the
+    startup bound) and names what it waited on (with runtime.max_restarts 0 the run stops there;
+    tests/runtime/test_runtime_recovery.py restarts)."""
     from rpeg.runtime.run import run
     from tests.runtime.test_runtime_e2e import colocated_plan, rt, split_async_plan
 
-    monkeypatch.setenv("RPEG_FAULTS", "hang_engine:1")
-    with pytest.raises(RpegError, match=r"step 1: the weight (sync|load).* gave no answer within 5 s \(still "
+    monkeypatch.setenv("RPEG_FAULTS", "hang_engine:2")
+    with pytest.raises(RpegError, match=r"step 2: the weight (sync|load).* gave no answer within 5 s \(still "
                                         r"waiting on 1 of \d: rank\(s\) \d\)"):
         run(split_async_plan() if plan == "split" else colocated_plan(),
             rt(tmp_path, steps=3, checkpoint_every=0, wait_timeout_s=5.0, max_restarts=0), progress=False)
