@@ -84,7 +84,7 @@ class Recovering:
                             for j in died for w in self.roles.engines.ranks[j])
             what = f"{self.waits.where}: {who} died, and {describe_fault(err, self.roles.labels)}"
         log_line(f"rpeg: {what}; restarting engine(s) {', '.join(map(str, dead))} with the weights of version "
-             f"{version} and making their calls again (restart {n} of at most {self.rt.max_restarts})")
+                 f"{version} and making their calls again (restart {n} of at most {self.rt.max_restarts})")
         self.waits.where, self.waits.starting = f"step {step + 1}: restarting engine(s)", True
         span = self.roles.restart_engines(dead, attempt=n, version=version)
         if synced:
@@ -112,8 +112,8 @@ class Recovering:
                             f"runtime.max_restarts: the run stops here, and {stands}") from None
         n, frm = len(self.recoveries) + 1, state["step"] if state is not None else 0
         log_line(f"rpeg: {what}; restarting the workers from "
-             f"{f'the checkpoint of step {frm}' if state is not None else 'the start'} "
-             f"(restart {n} of at most {rt.max_restarts})")
+                 f"{f'the checkpoint of step {frm}' if state is not None else 'the start'} "
+                 f"(restart {n} of at most {rt.max_restarts})")
         self.waits.where = "restarting the workers"
         if self.roles is not None:
             self.roles.kill()
