@@ -337,6 +337,18 @@ def _zero3_working_set(spec: ModelSpec, layout: ParallelLayout, stage: int, grad
 
 
 # ---- training and inference ---------------------------------------------------------------------
+def _trained(spec: ModelSpec, layout: ParallelLayout, stage: int, value_head: bool, groups: tuple[int, int],
+             lora: LoRA | None, p: DeviceParams | None = None) -> tuple[float, float]:
+    """(parameters with gradients and optimizer state on one device of pipeline `stage`, their ZeRO shard):
+    the model's (`p`, its device_params, where the caller has them), or with `lora` its adapters' (which
+    shard as the dense weights do)."""
+    if lora is not None:
+        a = adapter_params_per_device(spec, layout, lora, stage)
+        return a, a / groups[0]
+    p = device_params(spec, layout, stage=stage, value_head=value_head) if p is None else p
+    return p.total, _sharded(p, groups)
+
+
 def _state_bytes(spec: ModelSpec, layout: ParallelLayout, stage: int, grad_dtype_bytes: float, value_head: bool,
                  host: float, groups: tuple[int, int], lora: LoRA | None = None) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes one device of pipeline `stage` keeps while it trains.
@@ -352,18 +364,12 @@ def _state_bytes(spec: ModelSpec, layout: ParallelLayout, stage: int, grad_dtype
     the adapters (`adapter_params_per_device`), which sit beside the weights in bf16 and shard alike."""
     p = device_params(spec, layout, stage=stage, value_head=value_head)
     sharded = _sharded(p, groups)
-    if lora is not None:
-        a = adapter_params_per_device(spec, layout, lora, stage)
-        a_sharded = a / groups[0]
-        weights = ((sharded if layout.zero == 3 else p.total) + (a_sharded if layout.zero == 3 else a)) * BF16_BYTES
-        grads = (a_sharded if layout.zero >= 2 else a) * grad_dtype_bytes * ((1.0 - host) if layout.zero >= 2 else 1)
-        optimizer = (a_sharded if layout.zero >= 1 else a) * recipe_options.optimizer_bytes_per_param(layout) * (
-            1.0 - host)
-        return (0.0, 0.0, optimizer) if layout.offload_params else (weights, grads, optimizer)
-    weights = (sharded if layout.zero == 3 else p.total) * BF16_BYTES
-    grads = (sharded if layout.zero >= 2 else p.total) * grad_dtype_bytes
-    optimizer = (sharded if layout.zero >= 1 else p.total) * recipe_options.optimizer_bytes_per_param(layout) * (
-        1.0 - host)
+    trained, trained_sharded = _trained(spec, layout, stage, value_head, groups, lora, p)
+    adapters = 0.0 if lora is None else trained_sharded if layout.zero == 3 else trained  # beside the weights
+    weights = ((sharded if layout.zero == 3 else p.total) + adapters) * BF16_BYTES
+    grads = (trained_sharded if layout.zero >= 2 else trained) * grad_dtype_bytes
+    optimizer = (trained_sharded if layout.zero >= 1 else trained) * recipe_options.optimizer_bytes_per_param(
+        layout) * (1.0 - host)
     if layout.zero >= 2:
         grads *= 1.0 - host
     if layout.offload_params:
@@ -453,12 +459,8 @@ def _optimizer_step_phase(spec: ModelSpec, layout: ParallelLayout, stage: int, p
     extra = recipe_options.step_grad_copy_bytes_per_param(layout)
     if not extra:
         return peak
-    if lora is not None:  # the adapters' gradients only
-        a = adapter_params_per_device(spec, layout, lora, stage)
-        owned = a / groups[0] if layout.zero >= 1 else a
-    else:
-        p = device_params(spec, layout, stage=stage, value_head=value_head)
-        owned = _sharded(p, groups) if layout.zero >= 1 else p.total
+    trained, trained_sharded = _trained(spec, layout, stage, value_head, groups, lora)
+    owned = trained_sharded if layout.zero >= 1 else trained
     return MemoryBreakdown(weights=peak.weights, gradients=peak.gradients + extra * owned * (1.0 - host),
                            optimizer=peak.optimizer, buffers=peak.buffers)
 
