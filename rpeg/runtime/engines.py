@@ -63,21 +63,18 @@ class Engines:
     def dead(self, probe_s: float = 2.0) -> list[int]:
         """The engines with a rank that has died: each rank is asked where it runs; a dead one's answer is an
         error at once, a live one answers or is busy (a generation under way) past `probe_s`."""
-        import ray
-
         probes = [[w.where.remote() for w in ranks] for ranks in self.ranks]
-        flat = [p for ps in probes for p in ps]
-        ready, _ = ray.wait(flat, num_returns=len(flat), timeout=probe_s)
-        out = []
-        for j, ps in enumerate(probes):
-            for p in ps:
-                if p in ready:
-                    try:
-                        ray.get(p)
-                    except ray.exceptions.RayActorError:
-                        out.append(j)
-                        break
-        return out
+        ready, _ = self.ray.wait([p for ps in probes for p in ps], num_returns=sum(map(len, probes)),
+                                 timeout=probe_s)
+        return [j for j, ps in enumerate(probes) if any(p in ready and self._died(p) for p in ps)]
+
+    def _died(self, probe) -> bool:
+        """Whether a ready probe's answer is its rank's death."""
+        try:
+            self.ray.get(probe, timeout=0)
+        except self.ray.exceptions.RayActorError:
+            return True
+        return False
 
     def wait(self, pending: list[list]) -> list:
         """Each engine's workers.Generated, in order (a partial rollout's segments followed to the last)."""

@@ -94,8 +94,7 @@ class Recovering:
         row = {"restart": n, "fault": what, "step": step + 1, "engines": dead, "calls_again": again,
                "from_step": step, "steps_lost": 0, "restart_s": 0.0}
         self.recoveries.append(row)
-        self._restarting = (row, t)
-        self._restarted()
+        self._restarted(row, t)
         return True
 
     def _recover(self, err: BaseException, bar: ProgressBar) -> dict | None:
@@ -132,11 +131,9 @@ class Recovering:
         self._restarting = (row, t)
         return state
 
-    def _restarted(self) -> None:
-        """A restart is done (its workers started, the state restored): its time in recoveries.jsonl and the
-        timeline's recovery lane, from the fault to now."""
-        row, t = self._restarting
-        self._restarting = None
+    def _restarted(self, row: dict, t: float) -> None:
+        """Restart `row` (the fault seen at `t`) is done, its workers started and the state restored: its time
+        in recoveries.jsonl and the timeline's recovery lane, from the fault to now."""
         row["restart_s"] = time.time() - t
         append_jsonl(os.path.join(self.rt.out, "recoveries.jsonl"), row)
         self._recovery_records.append(Record(unit="recovery", kind="recovery", step=self.step, microbatch=0,

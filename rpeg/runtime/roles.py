@@ -304,12 +304,15 @@ class Roles:
     def kill(self) -> None:
         """Every worker killed (SIGKILL: a stopped or hung one too) and the devices given back: what a
         restart of the run's workers starts from."""
-        for w in self.workers + self.scorers:
+        self._kill(self.workers + self.scorers)
+        self.close()
+
+    def _kill(self, workers: list) -> None:
+        for w in workers:
             try:
                 self.ray.kill(w, no_restart=True)
             except Exception:  # already dead
                 pass
-        self.close()
 
     @classmethod
     def _build(cls, graph: Graph, names: StepStages, rt: RuntimeConfig, model_path: str, ray, place: Placement,
@@ -409,18 +412,14 @@ class Roles:
         """Engines `dead` (a split plan's) killed and started again on their devices, the weight-sync group
         formed anew with them (on `attempt`'s ports) and weight `version` pushed to every engine: the span
         of the push. The other workers, and what they hold, stay as they are."""
+        swap = {}  # a killed rank's actor id -> its new rank
         for j in dead:
-            for w in self.engines.ranks[j]:
-                try:
-                    self.ray.kill(w, no_restart=True)
-                except Exception:  # already dead
-                    pass
-            old = self.engines.ranks[j]
-            self.engines.ranks[j] = self.respawn["engine"](j, attempt)
+            self._kill(self.engines.ranks[j])
+            old, self.engines.ranks[j] = self.engines.ranks[j], self.respawn["engine"](j, attempt)
             for o, new in zip(old, self.engines.ranks[j]):
+                swap[o._actor_id.hex()] = new
                 self.labels[new._actor_id.hex()] = self.labels.get(o._actor_id.hex(), f"engine {j}")
-            self.workers = [new for w in self.workers for new in
-                            ([self.engines.ranks[j][old.index(w)]] if w in old else [w])]
+        self.workers = [swap.get(w._actor_id.hex(), w) for w in self.workers]
         self.respawn["sync"](attempt)
         return self.push_weights(version)
 

@@ -316,14 +316,15 @@ class _Runner(Recovering):
                 done = Rollout.from_dict(res)
                 pending[int(s)] = Launched(self.steps.problems(int(s)), done.prompts, done=done)
         if self._restarting is not None:  # the workers are back, with the weights they go on from
-            self._restarted()
+            self._restarted(*self._restarting)
+            self._restarting = None
         if self.acc_before is None:
             self.acc_before = self.evaluate()
             self.trackers.accuracy(0, self.acc_before)
         for step in range(start, rt.steps):
             self.step = step
             t_step = time.time()
-            self.waits.where = f"step {step + 1}"  # `starting` until a step ends: the first, or the first after a restart
+            self.waits.where = f"step {step + 1}"  # `starting` until a step ends (the first, the first after a restart)
             for j in range(step, min(rt.steps, step + self.k + 1)):  # may run on version `step` (>= j - k)
                 if j not in pending:
                     pending[j] = self.steps.launch(j)
