@@ -11,7 +11,8 @@ peft's "all-linear" does on Llama/Qwen models (q_proj ... down_proj), the embedd
 out; on an MoE layer `gate`, `up` and `down` are each routed and shared expert's (peft reaches the experts
 of models whose experts are Linear modules; the router stays frozen). The actor trains adapters; the
 critic too with `critic: true`. `sync`: what a weight sync sends the engines, the adapters alone
-(`adapters`: vLLM and the hf engine load them) or the merged weights (`merged`: an engine that cannot).
+(`adapters`: an engine that loads them) or the merged weights (`merged`: an engine that cannot; RPEG's
+vLLM engine takes these whatever the job says, docs/runtime.md).
 
 The peers' settings: verl `actor_rollout_ref.model.lora_rank`, `lora_alpha`, `target_modules`; OpenRLHF
 `--lora_rank`, `--lora_alpha`, `--target_modules`; TRL and the others through peft's LoraConfig.
@@ -26,6 +27,9 @@ from rpeg.errors import RpegError
 from rpeg.graph.model import ModelSpec
 
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")  # peft's all-linear on a decoder layer
+# ... as Llama/Qwen-style Hugging Face models name them (peft's target_modules)
+MODULES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
+           "down": "down_proj"}
 ATTENTION = ("q", "k", "v", "o")
 MLP = ("gate", "up", "down")
 

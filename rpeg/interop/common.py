@@ -22,7 +22,7 @@ from rpeg.algorithms import get_algorithm
 from rpeg.errors import RpegError
 from rpeg.graph import Graph, Job, Kind, ParallelLayout
 from rpeg.graph.catalogue import get_model
-from rpeg.graph.lora import TARGETS, LoRA
+from rpeg.graph.lora import MODULES, TARGETS, LoRA
 from rpeg.graph.serde import to_data
 from rpeg.interop.shell import script_command  # noqa: F401 (launch scripts: the importers read them through it)
 
@@ -244,8 +244,7 @@ def graph_of(view: PlanView) -> Graph:
 # ---- what every importer needs -------------------------------------------------------------------
 
 # peft's module names of a Llama/Qwen decoder layer -> LoRA's targets (rpeg/graph/lora.py)
-PEFT_MODULES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate", "up_proj": "up",
-                "down_proj": "down"}
+PEFT_MODULES = {name: target for target, name in MODULES.items()}  # peft's module name -> LoRA's target
 
 
 def lora_of(rank: Any, alpha: Any, modules: Any, dropout: Any, where: str, notes: Notes) -> LoRA | None:
@@ -278,8 +277,7 @@ def peft_modules(lora: LoRA) -> str:
     """LoRA's targets as peft's `target_modules`: all-linear when it is every projection."""
     if set(lora.targets) == set(TARGETS):
         return "all-linear"
-    names = {v: k for k, v in PEFT_MODULES.items()}
-    return ",".join(names[t] for t in lora.targets)
+    return ",".join(MODULES[t] for t in lora.targets)
 
 
 def model_preset(path: Any, key: str, override: str | None = None, notes: Notes | None = None) -> str:

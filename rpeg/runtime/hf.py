@@ -93,17 +93,39 @@ def convert_gguf(src: str, out: str) -> dict:
     return about
 
 
-def save_policy(weights: dict, like: str, out: str) -> str:
-    """`weights` as a Hugging Face folder at `out` with the config and tokenizer of the folder `like`."""
+def save_policy(weights: dict, like: str, out: str, lora=None) -> str:
+    """`weights` as a Hugging Face folder at `out` with the config and tokenizer of the folder `like`.
+    With `lora` (rpeg.graph.lora.LoRA), `weights` are the trained adapters on `like`'s frozen weights: the
+    folder holds the merged weights (loaded as they are, by transformers and vLLM alike) and, in adapter/,
+    peft's adapter folder (`PeftModel.from_pretrained(base, out + "/adapter")`)."""
     from transformers import AutoConfig, AutoTokenizer
 
     from rpeg.runtime.models import quiet
 
     quiet()
+    adapter = None
+    if lora is not None:
+        from rpeg.runtime.adapters import merged_state, save_adapter, with_base
+
+        adapter, weights = weights, merged_state(with_base(weights, _weights_of(like)), lora)
     model = _plain(AutoConfig.from_pretrained(like), weights, like)
     tok = AutoTokenizer.from_pretrained(like)
-    _write_whole(out, lambda tmp: (model.save_pretrained(tmp, safe_serialization=True), tok.save_pretrained(tmp)))
+
+    def write(tmp: str) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        if adapter is not None:
+            save_adapter(adapter, lora, os.path.abspath(like), os.path.join(tmp, "adapter"))
+    _write_whole(out, write)
     return out
+
+
+def _weights_of(folder: str) -> dict:
+    """A model folder's weights by name, as its model's state dict names them (tied ones too)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
 
 
 def copy_folder(src: str, out: str) -> str:

@@ -24,10 +24,7 @@ def check_plan(graph: Graph) -> None:
         raise RpegError(f"the runtime trains {', '.join(SUPPORTED)}, not {graph.algorithm}")
     if not graph.groups:
         raise RpegError("the plan places no stage on devices")
-    lora = [m.name for m in graph.models if m.lora is not None]
-    if lora:
-        raise RpegError(f"the job trains LoRA adapters on the {' and '.join(lora)}: `rpeg predict` and `rpeg plan` "
-                        "cost it; the runtime trains full weights only for now (leave out `lora:` to train in full)")
+    lora = {m.name for m in graph.models if m.lora is not None}
     for s in graph.stages:
         lay = s.layout
         if s.model and s.kind is not Kind.SYNC and lay is None:
@@ -40,6 +37,13 @@ def check_plan(graph: Graph) -> None:
             raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime runs pipeline parallelism for "
                             "the policy's training and logprobs; pipelined generation, reference, critic and reward "
                             "models are not run")
+        if lay and lay.pp > 1 and s.model in lora:
+            raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime trains LoRA adapters with data "
+                            "(FSDP2) and tensor parallelism, not through a pipeline")
+        if lay and lay.tp > 1 and s.kind is Kind.GENERATE and s.model in lora and \
+                graph.model(s.model).lora.sync == "adapters":
+            raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: a tensor-parallel engine holding LoRA "
+                            "adapters is not run; lora.sync: merged sends it the merged weights instead")
         if lay and lay.pp > 1 and lay.pp_interleave > 1:
             raise RpegError(f"stage {s.name!r} asks for {lay.describe()}: the runtime runs one pipeline stage per "
                             "rank (GPipe or 1F1B), not interleaved virtual stages")
@@ -82,8 +86,16 @@ def check_plan(graph: Graph) -> None:
                         f"{logprobs.describe()}")
     _check_on_shards(graph, graph.stage("actor_logprobs"), train, fused)
     split = not graph.group(gen.group).overlaps(graph.group(train.group))
+    ref = next((s for s in graph.stages if s.kind is Kind.INFER and s.model == "ref"), None)
+    if ref is not None and "actor" in lora:  # the actor's workers with adapters off
+        if ref.group != train.group or (ref.layout.dp, ref.layout.tp) != (train.layout.dp, train.layout.tp):
+            raise RpegError(f"the LoRA reference runs on the actor's training workers, its adapters off: {ref.name} "
+                            f"must share actor_update's devices and dp, tp ({train.group!r}, "
+                            f"{train.layout.describe()}); it asks for {ref.layout.describe()} on {ref.group!r}")
+        _check_on_shards(graph, ref, train, False)
     for s in graph.stages:
-        if split and s.kind is Kind.INFER and s.model == "ref" and s.layout.devices != s.layout.dp:
+        if split and s.kind is Kind.INFER and s.model == "ref" and "actor" not in lora and \
+                s.layout.devices != s.layout.dp:
             raise RpegError(f"stage {s.name!r} asks for {s.layout.describe()}: the runtime runs the reference data "
                             "parallel (a full copy per device, each on its share of the rows)")
     values = next((s for s in graph.stages if s.kind is Kind.INFER and s.model == "critic"), None)

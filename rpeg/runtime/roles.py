@@ -328,6 +328,8 @@ class Roles:
         cores = os.cpu_count() or 2
         gpu = rt.device == "cuda"
         dev = {"device": rt.device}
+        lora, critic_lora = graph.model("actor").lora, graph.model("critic").lora if has_critic else None
+        merged = lora is not None and (lora.sync == "merged" or rt.engine == "vllm")  # vLLM: see engine_adapters
 
         def remote(klass, device: int):  # on its plan device's bundle; threads are ours, not Ray's CPU count
             return ray.remote(num_cpus=0, num_gpus=GPU_SHARE if gpu else 0)(klass).options(**place.on(device))
@@ -353,7 +355,8 @@ class Roles:
                 critic=has_critic, shared_value=shared_value,
                 threads=rt.threads or max(1, cores // n), deterministic=rt.deterministic, seed=rt.seed,
                 engine=rt.engine, engine_memory=rt.engine_memory, engine_kv_cache_mib=rt.engine_kv_cache_mib,
-                rank=r, world=n, master=master, max_seqs=gen.layout.max_seqs, **dev) for r in range(n)]
+                rank=r, world=n, master=master, max_seqs=gen.layout.max_seqs, lora=lora, critic_lora=critic_lora,
+                merged=merged, **dev) for r in range(n)]
             actor = Role(ray, cws, model_ops)
             reference = Role(ray, cws, {"logprobs": "ref_logprobs"}) if has_ref else None
             critic = None
@@ -369,17 +372,20 @@ class Roles:
             master = meet(first(names.generate) + j * gtp, 3 + j, attempt) if gtp > 1 else ""
             return [remote(W.RolloutWorker, first(names.generate) + j * gtp + r).remote(
                 model_path, threads, rt.deterministic, rt.engine, rt.seed + j, rt.engine_memory,
-                rt.engine_kv_cache_mib, rank=r, tp=gtp, master=master, max_seqs=gen.layout.max_seqs, **dev)
+                rt.engine_kv_cache_mib, rank=r, tp=gtp, master=master, max_seqs=gen.layout.max_seqs,
+                adapters=lora if lora is not None and not merged else None, **dev)
                 for r in range(gtp)]
         ranks = [engine(j, attempt) for j in range(ngen)]
         master = meet(first(names.actor_update))
         trainers = [remote(W.TrainerWorker, first(names.actor_update) + r).remote(
             model_path, cfg, optim, lm=True, value=shared_value, rank=r, world=ntrain, master=master,
             tp=tp, pp=pp, pp_schedule=rt.pp_schedule, threads=threads, deterministic=rt.deterministic, seed=rt.seed,
-            **dev) for r in range(ntrain)]
+            lora=lora, merged=merged, **dev) for r in range(ntrain)]
         actor = Role(ray, trainers, model_ops, tp=tp * pp)  # the pp x tp ranks of a data shard take the same rows
         reference = None
-        if has_ref:  # one full copy per device of its stage, each scoring its share of the rows
+        if has_ref and lora is not None:  # the LoRA reference: the actor's trainers with adapters off
+            reference = Role(ray, trainers, {"logprobs": "ref_logprobs"}, tp=tp * pp)
+        elif has_ref:  # one full copy per device of its stage, each scoring its share of the rows
             refs = [remote(W.InferenceWorker, first(names.ref_logprobs) + r).remote(
                 model_path, threads, rt.temperature, ref_optim.forward_batch, **dev)
                 for r in range(graph.stage(names.ref_logprobs).layout.dp)]
@@ -390,7 +396,7 @@ class Roles:
             critics = [remote(W.TrainerWorker, first(names.critic_update) + r).remote(
                 model_path, cfg, critic_optim, lm=False, value=True, rank=r, world=clay.devices,
                 master=meet(first(names.critic_update), 1), tp=clay.tp, threads=threads, deterministic=rt.deterministic,
-                seed=rt.seed, **dev) for r in range(clay.devices)]
+                seed=rt.seed, lora=critic_lora, **dev) for r in range(clay.devices)]
             critic = Role(ray, critics, model_ops, tp=clay.tp)
         engines = Engines(ray, ranks)
         # the weight-sync group: the actor's rank 0 and every engine rank, meeting at rank 0 (runtime.weights)
@@ -403,7 +409,8 @@ class Roles:
                     [w.open_channel.remote(sync, 1 + i, world, metas, every) for i, w in enumerate(engines.workers)],
                     what="the weight-sync group's forming")
         form_sync(attempt)
-        everyone = engines.workers + trainers + (reference.workers if reference else []) + \
+        everyone = engines.workers + trainers + (reference.workers if reference and reference.workers is not trainers
+                                                 else []) + \
             (critic.workers if critic is not None and critic is not actor else [])
         return cls(ray, False, engines, actor, reference, critic, has_critic, everyone, place,
                    respawn={"engine": engine, "sync": form_sync})

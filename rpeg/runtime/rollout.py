@@ -159,18 +159,23 @@ class HFEngine:
         self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """The full weights; a tensor-parallel rank keeps its slice of each (cut here, no communication)."""
-        if self.group is None:
+        """The full weights, or a model with LoRA adapters its adapters alone (runtime.adapters); a
+        tensor-parallel rank keeps its slice of each (cut here, no communication)."""
+        from rpeg.runtime.adapters import is_adapter
+
+        partial = bool(state_dict) and all(is_adapter(k) for k in state_dict)
+        if self.group is None and not partial:
             self.model.load_state_dict(state_dict, strict=True)
         else:
             from torch.distributed.tensor import DTensor, distribute_tensor
 
             own = self.model.state_dict()
-            if set(own) != set(state_dict):
-                raise KeyError(f"weights do not match the engine's model: {sorted(set(own) ^ set(state_dict))[:4]}")
+            wrong = set(state_dict) - set(own) if partial else set(own) ^ set(state_dict)
+            if wrong:
+                raise KeyError(f"weights do not match the engine's model: {sorted(wrong)[:4]}")
             with torch.no_grad():
-                for name, p in own.items():
-                    full = state_dict[name]
+                for name, full in state_dict.items():
+                    p = own[name]
                     if isinstance(p, DTensor):
                         full = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
                         p = p.to_local()

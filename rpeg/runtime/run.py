@@ -15,7 +15,8 @@ Outputs under `out/`: metrics.jsonl (a line per step), reward.png, timeline.json
 the simulator's format; with episodes, a lane per episode and engine) and gantt.png (episodes.png with
 episodes), checkpoints/ (atomic; `resume=True` continues exactly; each
 holds the policy as a Hugging Face folder, `model/`), and model/: the trained policy at the end, a
-folder `from_pretrained` and vLLM load as it is (rpeg.runtime.hf.save_policy).
+folder `from_pretrained` and vLLM load as it is (rpeg.runtime.hf.save_policy; with LoRA, the merged
+weights, and peft's adapter folder in model/adapter/).
 """
 
 from __future__ import annotations
@@ -365,7 +366,8 @@ class _Runner(Recovering):
                               "recoveries": list(self._recovery_records),
                               "details": [r for r in self.details if r.step < step]}}
         save_atomic(os.path.join(self.rt.out, "checkpoints"), step, state, self.rt.keep_checkpoints,
-                    extra=lambda tmp: save_policy(state["actor"]["model"], self.model_path, os.path.join(tmp, "model")))
+                    extra=lambda tmp: save_policy(state["actor"]["model"], self.model_path, os.path.join(tmp, "model"),
+                                                  self.g.model("actor").lora))
         self.checkpointed = step
 
     def save_model(self) -> str:
@@ -374,7 +376,7 @@ class _Runner(Recovering):
         out = os.path.join(self.rt.out, "model")
         if self.checkpointed == self.rt.steps:
             return copy_folder(os.path.join(self.rt.out, "checkpoints", f"step-{self.rt.steps:06d}", "model"), out)
-        return save_policy(self.roles.states()["actor"]["model"], self.model_path, out)
+        return save_policy(self.roles.states()["actor"]["model"], self.model_path, out, self.g.model("actor").lora)
 
     def _restore(self, state: dict) -> None:
         if "timeline" in state:

@@ -72,15 +72,15 @@ class ValueHead(torch.nn.Module):
         return self.proj(h.float()).squeeze(-1)
 
 
-def tensor_parallel(model, mesh) -> None:
-    """Megatron's split of every decoder layer, applied with DTensor to the unmodified model."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+def tensor_parallel(model, mesh, lora=None) -> None:
+    """Megatron's split of every decoder layer, applied with DTensor to the unmodified model (with
+    `lora`, its adapters split to match: runtime.adapters.tensor_parallel_plan)."""
+    from torch.distributed.tensor.parallel import parallelize_module
 
-    plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
-            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel()}
+    from rpeg.runtime.adapters import tensor_parallel_plan
+
     for layer in _decoder_layers(model):
-        parallelize_module(layer, mesh, plan)
+        parallelize_module(layer, mesh, tensor_parallel_plan(lora))
 
 
 def _decoder_layers(model) -> list[torch.nn.Module]:
@@ -95,12 +95,15 @@ class Trainer:
 
     def __init__(self, model, config: AlgoConfig, optim: OptimConfig, *, lm: bool = True, value: bool = False,
                  shard: bool = False, tp: int = 1, pp: int = 1, pp_schedule: str = "1f1b", device: str | None = None,
-                 bf16: bool = False):
+                 bf16: bool = False, lora=None, seed: int = 0):
         """`device`: where the model computes (None: where it is, the CPU path); `bf16`: forward and
         backward in bf16 under autocast while the parameters, gradients and optimizer stay fp32 (the
         master weights), as FSDP2's bf16 mixed precision does per shard. `pp` > 1: this rank holds one
-        pipeline stage of the policy (`runtime.pipeline`), run with the `pp_schedule` schedule."""
+        pipeline stage of the policy (`runtime.pipeline`), run with the `pp_schedule` schedule. `lora`
+        (rpeg.graph.lora.LoRA): peft's adapters are injected (drawn from `seed`) and trained, the model's
+        own weights frozen (runtime.adapters); a value head is trained in full."""
         self.config, self.optim, self.lm, self.value = config, optim, lm, value
+        self.lora = lora
         self.device, self.bf16 = device, bf16
         self.pipe = None
         if pp > 1 and (value or not lm):
@@ -109,6 +112,10 @@ class Trainer:
             raise RpegError("pipeline parallelism runs a policy's language-model head; a value head or critic with "
                             "pp > 1 is not run")
         model = model if device is None else model.to(device)
+        if lora is not None:
+            from rpeg.runtime.adapters import attach
+
+            attach(model, lora, seed)
         self.head = ValueHead(model.config.hidden_size) if value else None
         if self.head is not None and device is not None:
             self.head = self.head.to(device)
@@ -128,7 +135,7 @@ class Trainer:
                 ties = tie_groups(mesh, 1) if getattr(model.config, "tie_word_embeddings", False) else {}
                 model = Stage(model, lo, hi, first=index == 0, last=index == pp - 1)
             if tp > 1:
-                tensor_parallel(model, mesh["tp"])
+                tensor_parallel(model, mesh["tp"], lora)
             if dp > 1:
                 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -145,7 +152,8 @@ class Trainer:
                 self.pipe = Pipeline(model, index, pp, mesh["pp"].get_group(), pp_schedule,
                                      ties.get(dist.get_rank()))
         self.model = model
-        params = list(model.parameters()) + (list(self.head.parameters()) if self.head is not None else [])
+        params = [p for p in model.parameters() if p.requires_grad] + \
+            (list(self.head.parameters()) if self.head is not None else [])  # with LoRA: the adapters (and head)
         self.opt = torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay)
         warm = max(optim.warmup_steps, 0)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / (warm + 1)) if warm else 1.0)
@@ -199,6 +207,16 @@ class Trainer:
     def logprobs(self, b: Batch) -> torch.Tensor:
         """(B, L-1) log-probabilities of each next token (zero outside the response mask)."""
         return self._per_token(b, values=False)
+
+    def base_logprobs(self, b: Batch) -> torch.Tensor:
+        """Logprobs of the base model: with LoRA, the adapters off (the reference, on the trainer's own
+        frozen weights); without, the model's own."""
+        if self.lora is None:
+            return self.logprobs(b)
+        from rpeg.runtime.adapters import disabled
+
+        with disabled(self.model):
+            return self.logprobs(b)
 
     def values(self, b: Batch) -> torch.Tensor:
         """(B, L-1) value estimates (zero outside the response mask)."""
@@ -331,6 +349,17 @@ class Trainer:
             return {k: v for part in self.pipe.gathered(full) for k, v in part.items()}
         return full
 
+    def engine_weights(self, merged: bool, keep_device: bool = False) -> dict[str, torch.Tensor]:
+        """What a weight sync sends an engine: the full weights; with LoRA, the adapters alone, or with
+        `merged` the weights with the adapters folded in, named as the model without them (an engine that
+        holds no adapters). Every rank gathers."""
+        full = self.full_state_dict(keep_device=keep_device and not merged)
+        if self.lora is None:
+            return full
+        from rpeg.runtime.adapters import adapter_state, merged_state
+
+        return merged_state(full, self.lora) if merged else adapter_state(full)
+
     def checkpoint_state(self) -> dict:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
         from torch.distributed.checkpoint.state_dict import StateDictOptions
@@ -339,6 +368,10 @@ class Trainer:
         opts = StateDictOptions(full_state_dict=True, cpu_offload=self.pipe is None)
         modules = [self.model] + ([self.head] if self.head is not None else [])
         model = get_model_state_dict(self.model, options=opts)
+        if self.lora is not None:  # the frozen base is the model folder's: the adapters are what changed
+            from rpeg.runtime.adapters import adapter_state
+
+            model = adapter_state(model)
         optimizer = get_optimizer_state_dict(_Joint(modules), self.opt, options=opts)
         if self.pipe is not None:  # the full weights, and each stage's optimizer state (restored by the same layout)
             from torch.utils._pytree import tree_map
@@ -354,7 +387,7 @@ class Trainer:
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                              set_optimizer_state_dict)
 
-        opts = StateDictOptions(full_state_dict=True)
+        opts = StateDictOptions(full_state_dict=True, strict=self.lora is None)  # LoRA: the adapters alone
         model, optimizer = state["model"], state["optimizer"]
         if self.pipe is not None:
             from rpeg.errors import RpegError
@@ -365,6 +398,14 @@ class Trainer:
                 raise RpegError(f"the checkpoint was written by another pipeline layout than this one's "
                                 f"{self.pipe.stages} stages: resume with the plan that wrote it")
             model, optimizer = {k: v for k, v in model.items() if k in own}, stages[self.pipe.index]
+        if self.lora is not None:
+            from rpeg.errors import RpegError
+            from rpeg.runtime.adapters import is_adapter
+
+            own = {k for k in self.model.state_dict() if is_adapter(k)}
+            if set(model) != own:
+                raise RpegError("the checkpoint's model is not this job's LoRA adapters (their rank or targets "
+                                f"differ, or it trained the full model): {sorted(set(model) ^ own)[:2]}")
         set_model_state_dict(self.model, model, options=opts)
         if self.head is not None and state.get("head") is not None:
             set_model_state_dict(self.head, state["head"], options=opts)

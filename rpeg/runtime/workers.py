@@ -147,11 +147,17 @@ class RolloutWorker(_Where):
 
     def __init__(self, model_path: str, threads: int = 0, deterministic: bool = True, engine: str = "hf",
                  seed: int = 0, engine_memory: float = 0.4, engine_kv_cache_mib: int = 0, *, rank: int = 0,
-                 tp: int = 1, master: str = "", device: str = "cpu", max_seqs: int = 0):
+                 tp: int = 1, master: str = "", device: str = "cpu", max_seqs: int = 0, adapters=None):
+        """`adapters` (a LoRA): the engine's model holds the job's adapters too, and a weight sync sends
+        it the adapters alone (an hf engine; else the trainer sends merged weights)."""
         _threads(threads)
         _deterministic(deterministic)
         dev = _on(device)
         model, tok = _load(model_path)
+        if adapters is not None:
+            from rpeg.runtime.adapters import attach
+
+            attach(model, adapters, seed)
         if dev and engine == "hf":
             model = model.to(dev)
         if tp > 1:
@@ -160,7 +166,7 @@ class RolloutWorker(_Where):
             from rpeg.runtime.trainer import tensor_parallel
 
             _join_group(rank, tp, master, dev)
-            tensor_parallel(model, init_device_mesh(dev or "cpu", (tp,), mesh_dim_names=("tp",)))
+            tensor_parallel(model, init_device_mesh(dev or "cpu", (tp,), mesh_dim_names=("tp",)), adapters)
         self.engine = _engine(engine, model, tok, model_path, seed=seed, threads=threads, memory=engine_memory,
                               kv_mib=engine_kv_cache_mib, tp=tp > 1, device=dev, max_seqs=max_seqs)
         self.tok = tok
@@ -244,7 +250,9 @@ class TrainerWorker(_Where):
 
     def __init__(self, model_path: str, config: AlgoConfig, optim: OptimConfig, *, lm: bool, value: bool, rank: int,
                  world: int, master: str, tp: int = 1, pp: int = 1, pp_schedule: str = "1f1b", threads: int = 0,
-                 deterministic: bool = True, seed: int = 0, device: str = "cpu"):
+                 deterministic: bool = True, seed: int = 0, device: str = "cpu", lora=None, merged: bool = False):
+        """`lora`: the model trains the job's adapters (runtime.adapters); a weight sync then sends the
+        engines the adapters alone, or with `merged` the weights with the adapters folded in."""
         _threads(threads)
         _deterministic(deterministic)
         dev = _on(device)
@@ -253,13 +261,18 @@ class TrainerWorker(_Where):
         torch.manual_seed(seed)
         model, _ = _load(model_path)
         self.trainer = Trainer(model, config, optim, lm=lm, value=value, shard=world > tp * pp, tp=tp, pp=pp,
-                               pp_schedule=pp_schedule, device=dev, bf16=dev is not None)
-        self.rank, self.device = rank, dev
+                               pp_schedule=pp_schedule, device=dev, bf16=dev is not None, lora=lora, seed=seed)
+        self.rank, self.device, self.merged = rank, dev, merged
         self.channel: Channel | None = None
 
     def logprobs(self, batch: Batch):
         faults.point("logprobs")
         return _timed(self.trainer.logprobs, batch)
+
+    def ref_logprobs(self, batch: Batch):
+        """The reference's logprobs with LoRA: this model with its adapters off (the base policy)."""
+        faults.point("logprobs")
+        return _timed(self.trainer.base_logprobs, batch)
 
     def values(self, batch: Batch):
         return _timed(self.trainer.values, batch)
@@ -273,7 +286,7 @@ class TrainerWorker(_Where):
 
     def weight_manifest(self) -> tuple[Meta, ...]:
         """The full weights' names, shapes and dtypes (every rank gathers; rank 0's stands)."""
-        return manifest(self.trainer.full_state_dict())
+        return manifest(self.trainer.engine_weights(self.merged))
 
     def open_channel(self, master: str, world: int, metas: tuple[Meta, ...], verify_every: int = 1) -> None:
         """Rank 0: form the weight-sync group (runtime.weights) with the `world - 1` engine ranks."""
@@ -283,7 +296,7 @@ class TrainerWorker(_Where):
         """Every rank gathers the full weights; rank 0 broadcasts them to the engines: the span."""
         faults.point("send_weights")
         t = time.time()
-        state = self.trainer.full_state_dict(keep_device=True)
+        state = self.trainer.engine_weights(self.merged, keep_device=True)
         if self.channel is not None:
             self.channel.send(state)
         return Span(t, time.time())
@@ -354,7 +367,11 @@ class ColocatedWorker(_Where):
                  shared_value: bool, ref_optim: OptimConfig | None = None, critic_optim: OptimConfig | None = None,
                  threads: int = 0, deterministic: bool = True, seed: int = 0,
                  engine: str = "hf", engine_memory: float = 0.4, engine_kv_cache_mib: int = 0, rank: int = 0,
-                 world: int = 1, master: str = "", device: str = "cpu", max_seqs: int = 0):
+                 world: int = 1, master: str = "", device: str = "cpu", max_seqs: int = 0, lora=None,
+                 critic_lora=None, merged: bool = False):
+        """`lora`, `critic_lora`: the actor (the critic) trains the job's adapters (runtime.adapters); the
+        reference is then the actor with its adapters off, and an engine holding its own copy takes the
+        adapters alone, or with `merged` the weights with the adapters folded in."""
         _threads(threads)
         _deterministic(deterministic)
         dev = _on(device)
@@ -364,13 +381,19 @@ class ColocatedWorker(_Where):
         model, tok = _load(model_path)
         sharded = world > 1
         on = {"device": dev, "bf16": dev is not None}
-        self.actor = Trainer(model, config, optim, lm=True, value=shared_value, shard=sharded, **on)
+        self.actor = Trainer(model, config, optim, lm=True, value=shared_value, shard=sharded, lora=lora, seed=seed,
+                             **on)
+        self.merged = merged
         # hf on one device: the engine samples with the trainer's own model; a sharded trainer's model
         # cannot sample alone, so the engine holds a full copy; vllm always holds its own; both copies
         # are refreshed in-process from the (gathered) trainer weights
         own = self.actor.model
         if sharded:
             own = _load(model_path)[0]
+            if lora is not None and not merged and engine == "hf":
+                from rpeg.runtime.adapters import attach
+
+                attach(own, lora, seed)
             if dev and engine == "hf":
                 own = own.to(dev)
         # on a GPU a vllm engine sleeps while the trainer trains (its weights to host, its KV cache freed)
@@ -380,10 +403,10 @@ class ColocatedWorker(_Where):
                               kv_mib=engine_kv_cache_mib, device=dev, sleep=self.sleeps, max_seqs=max_seqs)
         self.tok, self.rank = tok, rank
         self.shares_model = isinstance(self.engine, HFEngine) and not sharded
-        self.ref = (Trainer(_load(model_path)[0].eval(), config, ref_optim or optim, lm=True, **on) if reference
-                    else None)
+        self.ref = (Trainer(_load(model_path)[0].eval(), config, ref_optim or optim, lm=True, **on)
+                    if reference and lora is None else None)  # with LoRA: the actor, adapters off
         self.critic = Trainer(_load(model_path)[0], config, critic_optim or optim, lm=False, value=True, shard=sharded,
-                              **on) if critic else None
+                              lora=critic_lora, seed=seed, **on) if critic else None
 
     def generate(self, prompts, params: SamplingParams, seed: int):
         faults.point("generate")
@@ -412,7 +435,7 @@ class ColocatedWorker(_Where):
         else:
             if self.sleeps:
                 self.engine.wake()
-            self.engine.load_weights(self.actor.full_state_dict(), version)
+            self.engine.load_weights(self.actor.engine_weights(self.merged), version)
         faults.after_load(self.engine, self.rank, version, hang_rank=0)
         return Span(t, time.time())
 
@@ -421,7 +444,7 @@ class ColocatedWorker(_Where):
         return _timed(self.actor.logprobs, batch)
 
     def ref_logprobs(self, batch: Batch):
-        return _timed(self.ref.logprobs, batch)
+        return _timed(self.ref.logprobs if self.ref is not None else self.actor.base_logprobs, batch)
 
     def values(self, batch: Batch):
         return _timed((self.critic or self.actor).values, batch)

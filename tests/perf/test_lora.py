@@ -109,14 +109,29 @@ def test_the_planner_picks_another_plan_for_a_lora_job():
     assert low.step_s < full.step_s
 
 
-def test_rpeg_train_refuses_a_lora_job_in_one_line_until_the_runtime_trains_adapters():
-    from rpeg.passes import colocate
+def test_rpeg_train_takes_a_lora_job_and_refuses_the_layouts_it_does_not_run_with_adapters():
+    from rpeg.passes import colocate, parallelize, place
     from rpeg.runtime.plan_check import check_plan
 
-    g = colocate(spec_from_data({"algorithm": "grpo", "model": "tiny-qwen2", "lora": {"rank": 8}}).graph(), 1)
-    with pytest.raises(RpegError, match="the job trains LoRA adapters on the actor: .* the runtime trains full "
-                                        "weights only for now"):
-        check_plan(g)
+    def laid(g, **layouts):
+        for st in g.stages:
+            if st.model and st.kind.value != "sync":
+                g = parallelize(g, st.name, **layouts.get(st.name, {"dp": 1}))
+        return g
+
+    def split(gen: int, train: int, **layouts):
+        g = spec_from_data({"algorithm": "grpo", "model": "tiny-qwen2", "lora": {"rank": 8},
+                            "config": {"kl_coef": 0.0}}).graph()
+        return laid(place(g, {"gen": gen, "train": train}, {"generate": "gen"}, default="train"), **layouts)
+
+    check_plan(laid(colocate(spec_from_data({"algorithm": "grpo", "model": "tiny-qwen2", "lora": {"rank": 8}}).graph(),
+                             1)))
+    check_plan(split(1, 1))
+    with pytest.raises(RpegError, match="trains LoRA adapters with data .FSDP2. and tensor parallelism, not through "
+                                        "a pipeline"):
+        check_plan(split(1, 2, actor_update={"dp": 1, "pp": 2}, actor_logprobs={"dp": 1, "pp": 2}))
+    with pytest.raises(RpegError, match="tensor-parallel engine holding LoRA adapters is not run; lora.sync: merged"):
+        check_plan(split(2, 1, generate={"dp": 1, "tp": 2}))
 
 
 def test_a_lora_reference_is_the_base_with_adapters_off_and_holds_no_weights_of_its_own():
