@@ -53,15 +53,20 @@ def gain(s: dict, kind: str = "sampled") -> tuple[float, float]:
     return p1 - p0, math.sqrt((p0 * (1 - p0) + p1 * (1 - p1)) / n)
 
 
+def _predicted(s: dict) -> str:
+    return f" ({s['predicted_step_s']:.2f})"
+
+
 def _minutes(seconds: float) -> str:
     return f"{int(seconds // 60)} min {int(round(seconds % 60))} s"
 
 
 def table(summaries: list[dict]) -> str:
     tools = all("sampled_tool_calls" in s["accuracy_before"] for s in summaries)
+    predicted = all(s.get("predicted_step_s") for s in summaries)  # the performance model's, beside the run's
     rows = ["| seed | threads | warm-up steps | dev acc. at stop | sampled before -> after | gain (z) "
             "| greedy before -> after |" + (" tool calls per episode, before -> after |" if tools else "")
-            + " s per RL step | wall |",
+            + (" s per RL step (predicted) |" if predicted else " s per RL step |") + " wall |",
             "|---:|---:|---:|---:|---|---|---|" + ("---|" if tools else "") + "---:|---:|"]
     for s in summaries:
         w = s.get("warmup") or {}
@@ -72,13 +77,18 @@ def table(summaries: list[dict]) -> str:
         rows.append(f"| {s.get('seed', '?')} | {s.get('threads', '?')} | {w.get('steps', 0)} "
                     f"| {'-' if dev is None else f'{dev:.3f}'} | {b['sampled']:.3f} -> {a['sampled']:.3f} "
                     f"| {g:+.3f} ({g / se:.1f}) | {b['greedy']:.3f} -> {a['greedy']:.3f} |{calls}"
-                    f" {s['mean_step_s']:.2f} | {_minutes(s.get('wall_s', 0.0))} |")
+                    f" {s['mean_step_s']:.2f}{_predicted(s) if predicted else ''} "
+                    f"| {_minutes(s.get('wall_s', 0.0))} |")
     gains = [gain(s)[0] for s in summaries]
     n = summaries[0]["eval_size"]
     rows.append("")
+    # the mean over independent runs: its standard error is the runs' combined, sqrt(sum se^2) / k
+    mean = sum(gains) / len(gains)
+    se_mean = math.sqrt(sum(gain(s)[1] ** 2 for s in summaries)) / len(summaries)
+    pooled = f", {mean / se_mean:.1f} standard errors of the mean ({se_mean:.3f})" if len(gains) > 1 and se_mean else ""
     rows.append(f"Held-out sampled accuracy on {n} unseen problems rose in {sum(g > 0 for g in gains)} of "
                 f"{len(gains)} runs, by {min(gains):+.3f} to {max(gains):+.3f} "
-                f"(mean {sum(gains) / len(gains):+.3f}); z is the gain over its standard error.")
+                f"(mean {mean:+.3f}{pooled}); z is the gain over its standard error.")
     return "\n".join(rows)
 
 

@@ -245,3 +245,23 @@ def test_recompute_layers_costs_time_in_proportion():
     full = _one(", recompute: full")[0].predicted
     part = _one(", recompute: full, recompute_layers: 12")[0].predicted
     assert none < part < full and (part - none) == pytest.approx((full - none) / 4, rel=0.02)
+
+
+def test_lora_rows_train_adapters_and_a_bad_lora_is_refused_in_one_line():
+    """The published Llama 3 70B LoRA rows are priced with their adapters (without them the same rows do not
+    fit and run longer), within the error of the SFT rows of the same model and data; a row's `lora:` is
+    checked as a job file's is."""
+    import yaml
+
+    from rpeg.perf.validation import predict_training
+
+    data = yaml.safe_load(BRIDGE.read_text())
+    lora = [e for e in data["training"] if e.get("lora")]
+    assert len(lora) >= 3 and all(e["lora"] == {"rank": 16, "alpha": 32, "targets": ["q", "k", "v"]} for e in lora)
+    for entry in lora:
+        got = predict_training(entry, {}, entry["id"])
+        assert got.fits and abs(got.predicted / got.measured - 1) < 0.25, (entry["id"], got.predicted, got.measured)
+        full = predict_training({k: v for k, v in entry.items() if k != "lora"}, {}, entry["id"])
+        assert not full.fits and float(full.note.split("; ")[1].split(" s if")[0]) > 1.3 * got.predicted
+    with pytest.raises(RpegError, match=r"^row: lora: rank = 0 must be a whole number"):
+        predict_training(lora[0] | {"lora": {"rank": 0}}, {}, "row")

@@ -79,7 +79,7 @@ TRAIN_KEYS = {"id", "system", "model", "gpus", "tp", "pp", "dp", "cp", "ep", "gl
               "offload_optimizer",
               "dtype", "flash_attention", "routing", "cuda_graphs", "dispatcher", "ep_overlap", "packing",
               "recompute_modules", "recompute_layers", "offload_activation_layers", "grad_dtype", "optimizer_moments",
-              "pp_embedding_loss_slots", "capacity_factor", "rank_capacity_factor"}
+              "pp_embedding_loss_slots", "capacity_factor", "rank_capacity_factor", "lora"}
 # A training entry's named options: key -> (allowed values, what it means). All but IGNORED_OPTIONS reach
 # the cost model (PassWorkload / ParallelLayout; the MoE ones rpeg/perf/moe.py, with recompute_modules,
 # recompute_layers and offload_activation_layers: _recipe_options); the ignored ones it has no mechanism
@@ -263,9 +263,19 @@ def predict_training(entry: dict, models: dict[str, ModelSpec], where: str) -> R
         raise RpegError(f"{where}: global_batch = {batch} is not a whole number of micro-batches of {micro} on each "
                         f"of dp = {dp} ranks")
     measured = _measured_iteration(entry, batch * seq, gpus, where)
+    lora = None
+    if entry.get("lora") is not None:  # low-rank adapters trained, the weights frozen (rpeg/graph/lora.py)
+        from rpeg.graph.lora import LoRA
+        from rpeg.graph.serde import from_data
+
+        try:
+            lora = from_data(LoRA, entry["lora"], "lora")
+            lora.check(spec)
+        except RpegError as e:
+            raise RpegError(f"{where}: {e}") from None
     work = PassWorkload(sequences=batch, seq_len=seq, attention_context=(seq + 1) / 2, micro_batch=micro,
                         dtype=_option(entry, "dtype", where, "fp16"),
-                        flash_attention=_option(entry, "flash_attention", where, False))
+                        flash_attention=_option(entry, "flash_attention", where, False), lora=lora)
     cost = pass_cost(entry["id"], spec, layout, cluster, work)
     if cost.peak_memory_bytes > cost.capacity_bytes:
         gib = 2.0 ** 30

@@ -79,3 +79,28 @@ def test_a_few_grpo_steps_of_the_smollm2_calculator_agent(smollm2, tmp_path):
     assert any(r["grad_norm"] > 0 for r in rows)  # the format bonus: a step's samples differ, so GRPO updates
     trace = json.load(open(os.path.join(result.out, "timeline.json")))["traceEvents"]
     assert {"turn", "engine"} <= {e.get("cat") for e in trace}
+
+
+LORA = os.path.join(ROOT, "examples", "grpo-smollm2-lora.yaml")
+
+
+def test_a_few_lora_grpo_steps_of_the_smollm2_example(smollm2, tmp_path):
+    """The LoRA example: peft adapters on every projection of SmolLM2's 30 layers train and its weights stay;
+    model/ holds the merged weights and model/adapter/ the adapters, which peft loads onto the base."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    rt, result, rows = _two_steps(LORA, smollm2, tmp_path, max_new_tokens=32)
+    assert all(0.0 <= r["reward"] <= 1.0 for r in rows)
+    adapter = load_file(os.path.join(result.out, "model", "adapter", "adapter_model.safetensors"))
+    assert len(adapter) == 30 * 7 * 2  # an A and a B per projection per layer
+    ids = torch.tensor([[1, 100, 2000, 30000, 2]])
+    with torch.no_grad():
+        merged = AutoModelForCausalLM.from_pretrained(os.path.join(result.out, "model"))(input_ids=ids).logits
+        peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(smollm2),
+                                         os.path.join(result.out, "model", "adapter"))(input_ids=ids).logits
+    assert float((merged - peft).abs().max()) < 1e-3
+    base = load_file(os.path.join(smollm2, "model.safetensors"))
+    end = load_file(os.path.join(result.out, "model", "model.safetensors"))
+    assert torch.equal(base["model.embed_tokens.weight"], end["model.embed_tokens.weight"])  # frozen

@@ -35,7 +35,17 @@ def test_table_rows_and_summary_line(tmp_path):
     text = df.table([df.load(r) for r in runs])
     assert "| 0 | 2 | 440 | 0.328 | 0.300 -> 0.620 | +0.320 (" in text
     assert "| 1 | 1 | 440 |" in text and "3 min 35 s" in text
-    assert "rose in 2 of 2 runs, by +0.270 to +0.320 (mean +0.295)" in text
+    se = (0.3 * 0.7 + 0.62 * 0.38 + 0.28 * 0.72 + 0.55 * 0.45) ** 0.5 / 1000 ** 0.5 / 2  # of the mean of two runs
+    assert f"rose in 2 of 2 runs, by +0.270 to +0.320 (mean +0.295, {0.295 / se:.1f} standard errors of the mean " \
+        f"({se:.3f}))" in text
+
+
+def test_the_predicted_step_time_stands_beside_the_measured_one(tmp_path):
+    runs = [summary(tmp_path, "a", 0.30, 0.62, predicted_step_s=0.25), summary(tmp_path, "b", 0.28, 0.55, seed=1,
+                                                                               predicted_step_s=0.25)]
+    text = df.table([df.load(r) for r in runs])
+    assert "s per RL step (predicted) | wall |" in text and "| 0.31 (0.25) | 3 min 35 s |" in text
+    assert "(predicted)" not in df.table([df.load(summary(tmp_path, "c", 0.3, 0.6))])
 
 
 def test_write_replaces_only_the_block(tmp_path):
