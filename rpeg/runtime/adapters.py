@@ -58,10 +58,6 @@ def attach(model, lora: LoRA, seed: int = 0):
     return model
 
 
-def has_adapters(model) -> bool:
-    return any(TAG in n for n, _ in model.named_parameters())
-
-
 def layers(model) -> list:
     """peft's LoRA layers in `model`."""
     from peft.tuners.lora import LoraLayer
@@ -167,5 +163,5 @@ def tensor_parallel_plan(lora: LoRA | None) -> dict:
     return plan
 
 
-__all__ = ["adapter_state", "attach", "disabled", "has_adapters", "merged_state", "save_adapter",
+__all__ = ["adapter_state", "attach", "disabled", "merged_state", "save_adapter",
            "tensor_parallel_plan"]

@@ -329,7 +329,8 @@ class Roles:
         gpu = rt.device == "cuda"
         dev = {"device": rt.device}
         lora, critic_lora = graph.model("actor").lora, graph.model("critic").lora if has_critic else None
-        merged = lora is not None and (lora.sync == "merged" or rt.engine == "vllm")  # vLLM: see engine_adapters
+        # what the engines take: the adapters alone, or merged weights (vLLM always: docs/runtime.md, "LoRA")
+        merged = lora is not None and (lora.sync == "merged" or rt.engine == "vllm")
 
         def remote(klass, device: int):  # on its plan device's bundle; threads are ours, not Ray's CPU count
             return ray.remote(num_cpus=0, num_gpus=GPU_SHARE if gpu else 0)(klass).options(**place.on(device))
@@ -409,8 +410,7 @@ class Roles:
                     [w.open_channel.remote(sync, 1 + i, world, metas, every) for i, w in enumerate(engines.workers)],
                     what="the weight-sync group's forming")
         form_sync(attempt)
-        everyone = engines.workers + trainers + (reference.workers if reference and reference.workers is not trainers
-                                                 else []) + \
+        everyone = engines.workers + trainers + (reference.workers if reference and lora is None else []) + \
             (critic.workers if critic is not None and critic is not actor else [])
         return cls(ray, False, engines, actor, reference, critic, has_critic, everyone, place,
                    respawn={"engine": engine, "sync": form_sync})
